@@ -1,0 +1,94 @@
+//! The collector trait: gather the windows of chosen slots and columns into
+//! batch buffers.
+//!
+//! Every backend writes the same output shape, so results compare byte for
+//! byte: for each requested column `c`, one contiguous buffer laid out
+//! `[rows, window.len, *shape(c)]`, where row `r`'s steps start at byte
+//! `r * window.len * s[c]`, the copied steps sit where
+//! [`WindowSpec::resolve`] says, every other byte is zero, and
+//! `lengths[r]` is the row's valid length.
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::region::TableView;
+use crate::window::WindowSpec;
+
+/// One batch row: a slot and the stored length to apply the window to (the
+/// length published when the slot was chosen; later appends are not read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatherRow {
+    /// Slot index.
+    pub slot: u32,
+    /// Stored (published) length `k` of the trajectory.
+    pub len: u64,
+}
+
+/// The shape of a batch: which columns, how many rows, which window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchLayout {
+    /// Requested columns, by index into the spec.
+    pub columns: Vec<usize>,
+    /// Bytes per step of each requested column.
+    pub step_bytes: Vec<u64>,
+    /// Rows in the batch.
+    pub rows: usize,
+    /// The window applied to every row.
+    pub window: WindowSpec,
+}
+
+impl BatchLayout {
+    /// Validates columns and window against a table layout.
+    pub fn new(layout: &Layout, columns: &[usize], rows: usize, window: WindowSpec) -> Result<Self> {
+        window.validate(layout.max_len())?;
+        if columns.is_empty() {
+            return Err(Error::InvalidWindow("no columns requested".into()));
+        }
+        let step_bytes = columns
+            .iter()
+            .map(|&c| {
+                if c < layout.columns() {
+                    Ok(layout.step_bytes(c))
+                } else {
+                    Err(Error::ColumnIndex { index: c, count: layout.columns() })
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let total = step_bytes.iter().try_fold(0u64, |acc, s| {
+            s.checked_mul(window.len)
+                .and_then(|x| x.checked_mul(rows as u64))
+                .and_then(|x| acc.checked_add(x))
+                .ok_or_else(|| Error::SizeOverflow("batch bytes".into()))
+        })?;
+        usize::try_from(total).map_err(|_| Error::SizeOverflow("batch bytes (as usize)".into()))?;
+        Ok(BatchLayout { columns: columns.to_vec(), step_bytes, rows, window })
+    }
+
+    /// Bytes of one row of the `i`-th requested column.
+    pub fn row_bytes(&self, i: usize) -> u64 {
+        self.step_bytes[i] * self.window.len
+    }
+
+    /// Bytes of the whole buffer of the `i`-th requested column.
+    pub fn column_bytes(&self, i: usize) -> u64 {
+        self.row_bytes(i) * self.rows as u64
+    }
+
+    /// Bytes of all columns together.
+    pub fn total_bytes(&self) -> u64 {
+        (0..self.columns.len()).map(|i| self.column_bytes(i)).sum()
+    }
+}
+
+/// Gathers windows from a table's data area into a backend's batch buffers.
+pub trait Collector {
+    /// The backend's batch buffers (host vectors, device buffers, ...).
+    type Batch;
+
+    /// Allocates buffers for batches of this layout (reusable across calls).
+    fn alloc_batch(&self, layout: &BatchLayout) -> Result<Self::Batch>;
+
+    /// Gathers `rows` into `out`, which was allocated for `layout`.
+    /// `rows.len()` must equal `layout.rows`. Fills the valid lengths.
+    fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut Self::Batch)
+        -> Result<()>;
+}

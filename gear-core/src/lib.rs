@@ -1,0 +1,47 @@
+//! # gear-core
+//!
+//! The vocabulary every GEAR-rs crate shares, with no backend in it:
+//!
+//! * [`TableSpec`]/[`ColumnSpec`]/[`DType`]: what a table stores, validated
+//!   with checked 64-bit arithmetic;
+//! * [`Layout`]: where each byte lives (SPEC.md's columnar slot layout);
+//! * [`WindowSpec`]: which steps of a trajectory land where in a batch row;
+//! * [`SlotRecord`]/[`SlotKey`]: per-slot metadata as atomics, with a seqlock
+//!   so readers detect slots reused under them;
+//! * [`TableRegion`]: a table's header, slot records and data inside any
+//!   [`MemoryRegion`];
+//! * the backend traits: [`MemoryRegion`], [`Selector`], [`Collector`],
+//!   [`Transport`].
+//!
+//! Architecture invariant: gear-core depends on no workspace crate and on no
+//! foreign library beyond `thiserror`; it knows nothing of CUDA, RDMA, files
+//! or threads.
+
+#![warn(missing_docs)]
+
+pub mod collect;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod memory;
+pub mod region;
+pub mod rng;
+pub mod select;
+pub mod slot;
+pub mod spec;
+pub mod sync;
+pub mod transport;
+pub mod window;
+
+pub use collect::{BatchLayout, Collector, GatherRow};
+pub use dtype::{as_bytes, DType, Element};
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use memory::{MemoryKind, MemoryRegion};
+pub use region::{RegionLayout, TableRegion, TableView};
+pub use rng::{RandomSource, Xoshiro256};
+pub use select::{check_priority, Sampled, Selector};
+pub use slot::{SlotKey, SlotMeta, SlotRecord, SlotState};
+pub use spec::{ColumnSpec, TableSpec};
+pub use transport::{ReadOp, RemoteRegion, Transport};
+pub use window::{Pad, ResolvedWindow, WindowSpec};

@@ -1,0 +1,353 @@
+//! A table inside a memory region: header, slot records, data.
+//!
+//! ```text
+//! 0                64             slots_offset          data_offset
+//! | fixed header   | encoded spec | SlotRecord x capacity | data (Layout) |
+//! ```
+//!
+//! The fixed header holds a magic, the format version, a `ready` word the
+//! creator sets last (release) so an attacher never reads a half-written
+//! header, and the offsets, which an attacher recomputes from the stored
+//! spec and compares. Any mismatch is an error, never a panic or SIGBUS:
+//! the region may come from another process or be a file that is not ours.
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::memory::MemoryRegion;
+use crate::slot::{SlotKey, SlotRecord, SlotState};
+use crate::spec::TableSpec;
+use crate::sync::{AtomicU32, Ordering};
+use std::ptr::NonNull;
+
+/// First eight bytes of every table region.
+pub const MAGIC: [u8; 8] = *b"GEARTBL\0";
+/// Region format version; bumped on any layout change.
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of the fixed header before the encoded spec.
+pub const FIXED_HEADER_BYTES: u64 = 64;
+/// Alignment of the data area (a page, so windows start page-aligned
+/// when the slot stride is a page multiple).
+pub const DATA_ALIGN: u64 = 4096;
+
+const OFF_VERSION: usize = 8;
+const OFF_READY: usize = 12;
+const OFF_SPEC_LEN: usize = 16;
+const OFF_SLOTS: usize = 24;
+const OFF_DATA: usize = 32;
+const OFF_TOTAL: usize = 40;
+const OFF_CREATOR: usize = 48;
+
+const READY: u32 = 1;
+
+/// Where the parts of a table region are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionLayout {
+    /// Encoded spec length.
+    pub spec_bytes: u64,
+    /// Offset of the slot records.
+    pub slots_offset: u64,
+    /// Offset of the data area.
+    pub data_offset: u64,
+    /// Bytes the whole region needs.
+    pub total_bytes: u64,
+}
+
+fn align_up(v: u64, a: u64) -> Option<u64> {
+    v.checked_add(a - 1).map(|x| x / a * a)
+}
+
+impl RegionLayout {
+    /// The region layout a spec needs.
+    pub fn for_spec(spec: &TableSpec) -> Result<Self> {
+        let overflow = || Error::SizeOverflow("table region".into());
+        let spec_bytes = spec.encode().len() as u64;
+        let slots_offset = align_up(FIXED_HEADER_BYTES + spec_bytes, 64).ok_or_else(overflow)?;
+        let slots_bytes =
+            spec.capacity().checked_mul(std::mem::size_of::<SlotRecord>() as u64).ok_or_else(overflow)?;
+        let data_offset =
+            align_up(slots_offset.checked_add(slots_bytes).ok_or_else(overflow)?, DATA_ALIGN).ok_or_else(overflow)?;
+        let total_bytes = data_offset.checked_add(Layout::new(spec)?.total_bytes()).ok_or_else(overflow)?;
+        usize::try_from(total_bytes).map_err(|_| overflow())?;
+        Ok(RegionLayout { spec_bytes, slots_offset, data_offset, total_bytes })
+    }
+}
+
+/// A short human summary of a spec for error messages.
+pub fn summarize(spec: &TableSpec) -> String {
+    let cols: Vec<String> =
+        spec.columns().iter().map(|c| format!("{}:{}{:?}", c.name(), c.dtype(), c.shape())).collect();
+    format!("[{}] x T={} x capacity={}", cols.join(", "), spec.max_len(), spec.capacity())
+}
+
+/// A table laid out in a memory region. Owns the region; all access to the
+/// slot records and data goes through it.
+pub struct TableRegion<R: MemoryRegion> {
+    region: R,
+    base: NonNull<u8>,
+    spec: TableSpec,
+    layout: Layout,
+    region_layout: RegionLayout,
+}
+
+// SAFETY: the raw base pointer is derived from `region`, which is Send+Sync
+// (a MemoryRegion promise); concurrent access goes through atomics or the
+// documented seqlock protocol.
+unsafe impl<R: MemoryRegion> Send for TableRegion<R> {}
+// SAFETY: see Send.
+unsafe impl<R: MemoryRegion> Sync for TableRegion<R> {}
+
+impl<R: MemoryRegion> std::fmt::Debug for TableRegion<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableRegion")
+            .field("kind", &self.region.kind())
+            .field("name", &self.region.name())
+            .field("spec", &summarize(&self.spec))
+            .finish()
+    }
+}
+
+fn host_base<R: MemoryRegion>(region: &R) -> Result<NonNull<u8>> {
+    let base = region.host_ptr().ok_or(Error::Unsupported("a table region needs host-addressable memory"))?;
+    if base.as_ptr() as usize % 64 != 0 {
+        return Err(Error::Region("region is not 64-byte aligned".into()));
+    }
+    Ok(base)
+}
+
+impl<R: MemoryRegion> TableRegion<R> {
+    /// Lays a new, empty table out in `region`: writes the header, clears
+    /// the slot records, and marks the region ready.
+    pub fn create(region: R, spec: &TableSpec) -> Result<Self> {
+        let rl = RegionLayout::for_spec(spec)?;
+        if region.len() < rl.total_bytes {
+            return Err(Error::Region(format!(
+                "region has {} bytes, the table needs {}",
+                region.len(),
+                rl.total_bytes
+            )));
+        }
+        let base = host_base(&region)?;
+        let encoded = spec.encode();
+        let mut fixed = [0u8; FIXED_HEADER_BYTES as usize];
+        fixed[..8].copy_from_slice(&MAGIC);
+        fixed[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        fixed[OFF_SPEC_LEN..OFF_SPEC_LEN + 4].copy_from_slice(&(encoded.len() as u32).to_le_bytes());
+        fixed[OFF_SLOTS..OFF_SLOTS + 8].copy_from_slice(&rl.slots_offset.to_le_bytes());
+        fixed[OFF_DATA..OFF_DATA + 8].copy_from_slice(&rl.data_offset.to_le_bytes());
+        fixed[OFF_TOTAL..OFF_TOTAL + 8].copy_from_slice(&rl.total_bytes.to_le_bytes());
+        fixed[OFF_CREATOR..OFF_CREATOR + 8].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+        // SAFETY: the region holds at least `total_bytes` >= header + spec +
+        // slots bytes (checked above); nobody attaches before `ready` is set.
+        unsafe {
+            let p = base.as_ptr();
+            std::ptr::write_bytes(p, 0, rl.data_offset as usize);
+            std::ptr::copy_nonoverlapping(fixed.as_ptr(), p, fixed.len());
+            std::ptr::copy_nonoverlapping(encoded.as_ptr(), p.add(FIXED_HEADER_BYTES as usize), encoded.len());
+        }
+        let t = TableRegion { region, base, spec: spec.clone(), layout: Layout::new(spec)?, region_layout: rl };
+        t.ready_word().store(READY, Ordering::Release);
+        Ok(t)
+    }
+
+    /// Opens a table another party laid out in `region`. With `expected`,
+    /// the stored spec must equal it.
+    pub fn open(region: R, expected: Option<&TableSpec>) -> Result<Self> {
+        let len = region.len();
+        if len < FIXED_HEADER_BYTES {
+            return Err(Error::Decode(format!(
+                "region has {len} bytes, too small for a table header ({FIXED_HEADER_BYTES})"
+            )));
+        }
+        let base = host_base(&region)?;
+        let mut fixed = [0u8; FIXED_HEADER_BYTES as usize];
+        // SAFETY: len >= FIXED_HEADER_BYTES, checked above.
+        unsafe { std::ptr::copy_nonoverlapping(base.as_ptr(), fixed.as_mut_ptr(), fixed.len()) };
+        if fixed[..8] != MAGIC {
+            return Err(Error::Decode("not a GEAR table (bad magic)".into()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(fixed[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(fixed[o..o + 8].try_into().expect("8 bytes"));
+        let version = u32_at(OFF_VERSION);
+        if version != FORMAT_VERSION {
+            return Err(Error::Decode(format!(
+                "format version {version}, this build reads version {FORMAT_VERSION}"
+            )));
+        }
+        // SAFETY: the ready word is inside the checked header; it is an
+        // aligned u32 (base is 64-byte aligned, offset 12).
+        let ready = unsafe { &*base.as_ptr().add(OFF_READY).cast::<AtomicU32>() }.load(Ordering::Acquire);
+        if ready != READY {
+            return Err(Error::Decode("table is not initialised yet (its creator has not finished)".into()));
+        }
+        let spec_len = u64::from(u32_at(OFF_SPEC_LEN));
+        if FIXED_HEADER_BYTES + spec_len > len {
+            return Err(Error::Decode(format!("truncated: spec of {spec_len} bytes runs past the {len}-byte region")));
+        }
+        let mut encoded = vec![0u8; spec_len as usize];
+        // SAFETY: header + spec_len <= len, checked above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                base.as_ptr().add(FIXED_HEADER_BYTES as usize),
+                encoded.as_mut_ptr(),
+                encoded.len(),
+            )
+        };
+        let spec = TableSpec::decode(&encoded)?;
+        let rl = RegionLayout::for_spec(&spec)?;
+        if (u64_at(OFF_SLOTS), u64_at(OFF_DATA), u64_at(OFF_TOTAL)) != (rl.slots_offset, rl.data_offset, rl.total_bytes)
+        {
+            return Err(Error::Decode("header offsets disagree with the stored spec".into()));
+        }
+        if len < rl.total_bytes {
+            return Err(Error::Decode(format!(
+                "truncated: region has {len} bytes, the stored table needs {}",
+                rl.total_bytes
+            )));
+        }
+        if let Some(want) = expected {
+            if *want != spec {
+                return Err(Error::SpecMismatch { expected: summarize(want), found: summarize(&spec) });
+            }
+        }
+        Ok(TableRegion { region, base, layout: Layout::new(&spec)?, spec, region_layout: rl })
+    }
+
+    fn ready_word(&self) -> &AtomicU32 {
+        // SAFETY: offset 12 of a 64-byte aligned region of at least 64 bytes
+        // is an aligned u32 that lives as long as `self.region`.
+        unsafe { &*self.base.as_ptr().add(OFF_READY).cast::<AtomicU32>() }
+    }
+
+    /// The stored spec.
+    pub fn spec(&self) -> &TableSpec {
+        &self.spec
+    }
+
+    /// The data layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Where header, slots and data are.
+    pub fn region_layout(&self) -> &RegionLayout {
+        &self.region_layout
+    }
+
+    /// The underlying memory region.
+    pub fn region(&self) -> &R {
+        &self.region
+    }
+
+    /// Process id of the creator, as stored in the header.
+    pub fn creator_pid(&self) -> u64 {
+        // SAFETY: offset 48 is inside the checked 64-byte header.
+        unsafe { std::ptr::read_unaligned(self.base.as_ptr().add(OFF_CREATOR).cast::<u64>()) }
+    }
+
+    /// All slot records.
+    pub fn slots(&self) -> &[SlotRecord] {
+        // SAFETY: the slot area lies inside the region (checked at
+        // create/open), is 64-byte aligned, and an all-zero or any other bit
+        // pattern is a valid `SlotRecord` (it is made of atomics only).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(self.region_layout.slots_offset as usize).cast::<SlotRecord>(),
+                self.spec.capacity() as usize,
+            )
+        }
+    }
+
+    /// The record of one slot.
+    pub fn slot(&self, slot: u32) -> Result<&SlotRecord> {
+        self.slots()
+            .get(slot as usize)
+            .ok_or(Error::SlotOutOfRange { slot: u64::from(slot), capacity: self.spec.capacity() })
+    }
+
+    /// Host address of the data area.
+    pub fn data_ptr(&self) -> NonNull<u8> {
+        // SAFETY: data_offset < total_bytes <= region length.
+        unsafe { self.base.add(self.region_layout.data_offset as usize) }
+    }
+
+    /// Device address of the data area, when the region is device-mapped.
+    pub fn data_device_ptr(&self) -> Option<u64> {
+        self.region.device_ptr().map(|p| p + self.region_layout.data_offset)
+    }
+
+    /// What a collector needs to read the data area.
+    pub fn view(&self) -> TableView<'_> {
+        TableView { host: Some(self.data_ptr()), device: self.data_device_ptr(), layout: &self.layout }
+    }
+
+    /// Copies whole steps of one column into a slot being written, starting
+    /// at `first_step`. Refused unless `key` is current and `Writing`, the
+    /// bytes are a whole number of steps and fit below `T`. Does not publish:
+    /// see [`SlotRecord::publish_len`].
+    pub fn write_steps(&self, key: SlotKey, column: usize, first_step: u64, bytes: &[u8]) -> Result<()> {
+        let rec = self.slot(key.slot)?;
+        rec.check(key, SlotState::Writing, "append steps")?;
+        let col = self
+            .spec
+            .columns()
+            .get(column)
+            .ok_or(Error::ColumnIndex { index: column, count: self.spec.columns().len() })?;
+        let s = self.layout.step_bytes(column);
+        let n = bytes.len() as u64;
+        if n % s != 0 {
+            return Err(Error::StepSize { column: col.name().to_owned(), got: n, expected: s });
+        }
+        let steps = n / s;
+        if first_step.checked_add(steps).is_none_or(|end| end > self.spec.max_len()) {
+            return Err(Error::TrajectoryTooLong { column: col.name().to_owned(), max_len: self.spec.max_len() });
+        }
+        let off = self.layout.offset(u64::from(key.slot), column, first_step) as usize;
+        // SAFETY: the range [off, off+n) lies inside this slot's column (the
+        // checks above), inside the data area. The slot is `Writing`, so its
+        // owner is the only writer; concurrent readers follow the seqlock
+        // protocol and discard copies that raced with a reuse.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.data_ptr().as_ptr().add(off), bytes.len()) };
+        Ok(())
+    }
+
+    /// Copies `steps` steps of one column of `key`'s trajectory into `out`,
+    /// with the seqlock check. Returns `Ok(false)` if the slot was reused
+    /// while copying (the bytes in `out` are then garbage), an error if the
+    /// key is not current or the range is not published.
+    pub fn read_steps(&self, key: SlotKey, column: usize, first_step: u64, out: &mut [u8]) -> Result<bool> {
+        let rec = self.slot(key.slot)?;
+        let published = rec.read_begin(key).ok_or(Error::StaleKey { slot: key.slot, generation: key.generation })?;
+        if column >= self.layout.columns() {
+            return Err(Error::ColumnIndex { index: column, count: self.layout.columns() });
+        }
+        let s = self.layout.step_bytes(column);
+        let n = out.len() as u64;
+        let name = || self.spec.columns()[column].name().to_owned();
+        if n % s != 0 {
+            return Err(Error::StepSize { column: name(), got: n, expected: s });
+        }
+        if first_step.checked_add(n / s).is_none_or(|end| end > published) {
+            return Err(Error::InvalidWindow(format!(
+                "steps {first_step}..{} of column `{}` are not published (length {published})",
+                first_step.saturating_add(n / s),
+                name()
+            )));
+        }
+        let off = self.layout.offset(u64::from(key.slot), column, first_step) as usize;
+        // SAFETY: in bounds as for `write_steps`; a concurrent reuse is
+        // detected by `read_validate` below and reported.
+        unsafe { std::ptr::copy_nonoverlapping(self.data_ptr().as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+        Ok(rec.read_validate(key))
+    }
+}
+
+/// What a collector reads from: the data area's addresses and its layout.
+#[derive(Clone, Copy, Debug)]
+pub struct TableView<'a> {
+    /// Host address of the data area, if host-reachable.
+    pub host: Option<NonNull<u8>>,
+    /// Device address of the data area, if device-mapped.
+    pub device: Option<u64>,
+    /// The data layout.
+    pub layout: &'a Layout,
+}
