@@ -89,6 +89,27 @@ pub trait Collector {
 
     /// Gathers `rows` into `out`, which was allocated for `layout`.
     /// `rows.len()` must equal `layout.rows`. Fills the valid lengths.
-    fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut Self::Batch)
-        -> Result<()>;
+    fn gather(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        layout: &BatchLayout,
+        out: &mut Self::Batch,
+    ) -> Result<()>;
+
+    /// Gathers again only the rows whose indices are in `which` (rows whose
+    /// slot was reused during the first copy and were redrawn), leaving the
+    /// other rows of `out` as they are. The default gathers every row,
+    /// which is correct but copies more; collectors override it.
+    fn regather(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        layout: &BatchLayout,
+        which: &[usize],
+        out: &mut Self::Batch,
+    ) -> Result<()> {
+        let _ = which;
+        self.gather(src, rows, layout, out)
+    }
 }

@@ -72,10 +72,7 @@ impl DType {
 
     /// Parses a name as printed by [`DType::name`].
     pub fn from_name(name: &str) -> Result<Self> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == name)
-            .ok_or_else(|| Error::UnknownDType(name.to_owned()))
+        DType::ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| Error::UnknownDType(name.to_owned()))
     }
 
     /// The stable one-byte code stored in region headers.
@@ -85,10 +82,7 @@ impl DType {
 
     /// Decodes a header code.
     pub fn from_code(code: u8) -> Result<Self> {
-        DType::ALL
-            .get(usize::from(code))
-            .copied()
-            .ok_or_else(|| Error::Decode(format!("unknown dtype code {code}")))
+        DType::ALL.get(usize::from(code)).copied().ok_or_else(|| Error::Decode(format!("unknown dtype code {code}")))
     }
 }
 

@@ -62,8 +62,7 @@ impl RegionLayout {
         let overflow = || Error::SizeOverflow("table region".into());
         let spec_bytes = spec.encode().len() as u64;
         let slots_offset = align_up(FIXED_HEADER_BYTES + spec_bytes, 64).ok_or_else(overflow)?;
-        let slots_bytes =
-            spec.capacity().checked_mul(std::mem::size_of::<SlotRecord>() as u64).ok_or_else(overflow)?;
+        let slots_bytes = spec.capacity().checked_mul(std::mem::size_of::<SlotRecord>() as u64).ok_or_else(overflow)?;
         let data_offset =
             align_up(slots_offset.checked_add(slots_bytes).ok_or_else(overflow)?, DATA_ALIGN).ok_or_else(overflow)?;
         let total_bytes = data_offset.checked_add(Layout::new(spec)?.total_bytes()).ok_or_else(overflow)?;
@@ -169,9 +168,7 @@ impl<R: MemoryRegion> TableRegion<R> {
         let u64_at = |o: usize| u64::from_le_bytes(fixed[o..o + 8].try_into().expect("8 bytes"));
         let version = u32_at(OFF_VERSION);
         if version != FORMAT_VERSION {
-            return Err(Error::Decode(format!(
-                "format version {version}, this build reads version {FORMAT_VERSION}"
-            )));
+            return Err(Error::Decode(format!("format version {version}, this build reads version {FORMAT_VERSION}")));
         }
         // SAFETY: the ready word is inside the checked header; it is an
         // aligned u32 (base is 64-byte aligned, offset 12).

@@ -44,8 +44,7 @@ impl ColumnSpec {
     /// Elements per step (product of the shape), checked.
     pub fn elements_per_step(&self) -> Result<u64> {
         self.shape.iter().try_fold(1u64, |acc, &d| {
-            acc.checked_mul(d)
-                .ok_or_else(|| Error::SizeOverflow(format!("column `{}`: elements per step", self.name)))
+            acc.checked_mul(d).ok_or_else(|| Error::SizeOverflow(format!("column `{}`: elements per step", self.name)))
         })
     }
 
@@ -220,8 +219,7 @@ impl TableSpec {
         if r.pos != bytes.len() {
             return Err(Error::Decode(format!("{} trailing bytes after the spec", bytes.len() - r.pos)));
         }
-        TableSpec::new(columns, max_len, capacity)
-            .map_err(|e| Error::Decode(format!("stored spec is invalid: {e}")))
+        TableSpec::new(columns, max_len, capacity).map_err(|e| Error::Decode(format!("stored spec is invalid: {e}")))
     }
 }
 

@@ -75,11 +75,7 @@ impl WindowSpec {
     /// Applies the SPEC rule to a trajectory of stored length `k`.
     #[inline]
     pub fn resolve(&self, k: u64) -> ResolvedWindow {
-        let start = if self.offset >= 0 {
-            self.offset as u64
-        } else {
-            k.saturating_sub(self.offset.unsigned_abs())
-        };
+        let start = if self.offset >= 0 { self.offset as u64 } else { k.saturating_sub(self.offset.unsigned_abs()) };
         let end = start.saturating_add(self.len).min(k);
         let steps = end.saturating_sub(start);
         let dst_step = match self.pad {
