@@ -1,0 +1,271 @@
+//! Every `unsafe` operation of gear-cpu, behind small safe types (the
+//! hashbrown `raw.rs` split): aligned heap blocks, the two file-system calls
+//! libc has no safe wrapper for, and the reads of a table's data area that
+//! other threads or processes may be writing.
+//!
+//! Reads of shared bytes follow the table's seqlock protocol (see
+//! `gear_core::slot`): the collector copies without synchronisation, and the
+//! table layer decides, by re-reading the slot generation, whether a copy
+//! raced with a reuse of the slot and must be discarded. A racing copy
+//! yields garbage bytes, never an out-of-bounds access: every address read
+//! here is bounds-checked against the data area first.
+
+use gear_core::TableView;
+use std::alloc::{self, Layout};
+use std::fs::File;
+use std::io;
+use std::marker::PhantomData;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+
+/// Why an aligned allocation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllocFailure {
+    /// The size, rounded up to the alignment, exceeds `isize::MAX`.
+    TooLarge,
+    /// The allocator returned null.
+    OutOfMemory,
+}
+
+impl AllocFailure {
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            AllocFailure::TooLarge => "the size exceeds what one allocation may hold",
+            AllocFailure::OutOfMemory => "the allocator is out of memory",
+        }
+    }
+}
+
+/// An owned, zero-initialised heap block with a chosen power-of-two
+/// alignment, freed on drop.
+pub(crate) struct AlignedBytes {
+    /// Invariant: when `len > 0`, `ptr` came from `alloc_zeroed` with
+    /// `Layout::from_size_align(len, align)` and is owned by this value;
+    /// when `len == 0`, `ptr` is a dangling, `align`-aligned address that is
+    /// never dereferenced or freed.
+    ptr: NonNull<u8>,
+    len: usize,
+    align: usize,
+}
+
+// SAFETY: `AlignedBytes` owns its block exclusively, like a `Vec<u8>`;
+// moving it to another thread moves that ownership.
+unsafe impl Send for AlignedBytes {}
+// SAFETY: `&AlignedBytes` only hands out `&[u8]` or the raw address; shared
+// readers of plain bytes are fine, like `&Vec<u8>`.
+unsafe impl Sync for AlignedBytes {}
+
+impl AlignedBytes {
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two).
+    /// Never aborts: failures are returned.
+    pub(crate) fn zeroed(len: usize, align: usize) -> Result<Self, AllocFailure> {
+        let layout = Layout::from_size_align(len, align).map_err(|_| AllocFailure::TooLarge)?;
+        if len == 0 {
+            let ptr = NonNull::new(std::ptr::without_provenance_mut::<u8>(align)).ok_or(AllocFailure::TooLarge)?;
+            return Ok(AlignedBytes { ptr, len, align });
+        }
+        // SAFETY: `layout` has a non-zero size (checked above) and a valid
+        // power-of-two alignment (`from_size_align` succeeded).
+        let p = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).ok_or(AllocFailure::OutOfMemory)?;
+        Ok(AlignedBytes { ptr, len, align })
+    }
+
+    /// Address of the first byte.
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised bytes (zeroed at
+        // allocation, only ever written as bytes), or `len == 0` with a
+        // non-null aligned pointer; the borrow of `self` keeps it alive and
+        // no `&mut` can coexist.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBytes {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: by the field invariant the block came from
+            // `alloc_zeroed` with exactly this layout, and is freed once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, self.align)) };
+        }
+    }
+}
+
+/// Element types whose every bit pattern is a valid value, so a byte buffer
+/// filled from shared memory may be viewed as a slice of them. Sealed.
+pub trait Plain: Copy + Send + Sync + 'static + private::Sealed {}
+
+mod private {
+    pub trait Sealed {}
+}
+
+macro_rules! plain {
+    ($($t:ty),*) => { $(impl private::Sealed for $t {} impl Plain for $t {})* };
+}
+plain!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+
+/// Views `bytes` as `T`s when the address is aligned and the length a
+/// multiple of `T`'s size.
+pub(crate) fn cast_slice<T: Plain>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+        return None;
+    }
+    // SAFETY: alignment and length were checked above; `T: Plain` accepts
+    // every bit pattern; the result borrows `bytes`, so it lives no longer.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}
+
+/// Reserves `[0, len)` of `file` on its file system (`posix_fallocate`), so
+/// later stores into a mapping of it cannot hit a missing page (SIGBUS).
+/// Retries on `EINTR`; other failures come back as the raw OS error.
+pub(crate) fn fallocate(file: &File, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    loop {
+        // SAFETY: the descriptor is open for as long as `file` is borrowed;
+        // `posix_fallocate` reads and writes no memory of this process.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+        match rc {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+/// Bytes an unprivileged user may still allocate on `file`'s file system,
+/// or `None` when the file system reports no limit (a tmpfs mounted with
+/// `size=0` reports zero blocks).
+pub(crate) fn free_bytes(file: &File) -> io::Result<Option<u64>> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: the descriptor is open while `file` is borrowed, and `st` is
+    // valid for writes of one `statvfs`.
+    let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fstatvfs` returned 0, so it initialised `st`.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the field widths differ between targets
+    let (blocks, avail, frsize) = (st.f_blocks as u64, st.f_bavail as u64, st.f_frsize as u64);
+    Ok((blocks != 0).then(|| avail.saturating_mul(frsize)))
+}
+
+/// The host address of a table's data area, shared by the collector's
+/// threads for the lifetime `'a` of the table borrow it came from. Copies
+/// out of it are bounds-checked against `len`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SharedBytes<'a> {
+    /// Invariant (from `new`'s contract): valid for reads of `len` bytes
+    /// for all of `'a`.
+    base: NonNull<u8>,
+    len: usize,
+    _borrow: PhantomData<&'a [u8]>,
+}
+
+// SAFETY: `SharedBytes` is an address plus a length; the memory it names is
+// shared memory that any thread may read under the seqlock protocol (module
+// doc), so handing the address to another thread adds no new access.
+unsafe impl Send for SharedBytes<'_> {}
+// SAFETY: see `Send`; `&SharedBytes` only allows the same reads.
+unsafe impl Sync for SharedBytes<'_> {}
+
+impl<'a> SharedBytes<'a> {
+    /// Wraps `len` bytes at `base`.
+    ///
+    /// # Safety
+    /// * `base` must be valid for reads of `len` bytes for all of `'a`;
+    /// * other parties may write the bytes concurrently only under the
+    ///   table's seqlock protocol, whose readers discard racing copies.
+    pub(crate) unsafe fn new(base: NonNull<u8>, len: usize) -> Self {
+        SharedBytes { base, len, _borrow: PhantomData }
+    }
+
+    /// The data area a [`TableView`] names, or `None` if it has no host
+    /// address.
+    pub(crate) fn of_view(view: &TableView<'a>) -> Option<Self> {
+        let base = view.host?;
+        // `Layout::new` checked that the data area's size fits a usize.
+        let len = usize::try_from(view.layout.total_bytes()).ok()?;
+        // SAFETY: a `TableView<'a>` is made by `TableRegion::view`, whose
+        // `host` is the data area of a region that holds at least
+        // `data_offset + layout.total_bytes()` bytes (checked by
+        // `TableRegion::create`/`open`) and stays alive and mapped while the
+        // region is borrowed for `'a`. Concurrent writers follow the slot
+        // protocol. (`TableView`'s fields are public, so this trusts callers
+        // not to build one by hand with a wrong address or layout.)
+        Some(unsafe { SharedBytes::new(base, len) })
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` into `dst`.
+    ///
+    /// Panics if the range runs past the area: callers validate slots,
+    /// lengths and windows first, so this only guards the invariant.
+    #[inline]
+    pub(crate) fn copy_to(&self, offset: usize, dst: &mut [u8]) {
+        let end = offset.checked_add(dst.len());
+        assert!(
+            end.is_some_and(|e| e <= self.len),
+            "gather range {offset}+{} outside the {}-byte area",
+            dst.len(),
+            self.len
+        );
+        // SAFETY: `[offset, offset + dst.len())` lies inside the area
+        // (asserted above), which is readable for all of `'a` (the `new`
+        // contract); `dst` is a unique borrow of our own buffer, so the
+        // ranges do not overlap. Bytes another process writes concurrently
+        // may be torn; the seqlock reader discards such copies (module doc).
+        unsafe { std::ptr::copy_nonoverlapping(self.base.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_bytes_are_aligned_and_zeroed() {
+        for (len, align) in [(1, 64), (4097, 4096), (0, 64), (0, 4096), (100, 1)] {
+            let mut b = AlignedBytes::zeroed(len, align).unwrap();
+            assert_eq!(b.ptr().as_ptr() as usize % align, 0);
+            assert_eq!(b.len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice().fill(7);
+            assert!(b.as_slice().iter().all(|&x| x == 7));
+        }
+        assert_eq!(AlignedBytes::zeroed(usize::MAX - 10, 4096).err(), Some(AllocFailure::TooLarge));
+    }
+
+    #[test]
+    fn cast_slice_checks_length_and_alignment() {
+        let b = AlignedBytes::zeroed(64, 64).unwrap();
+        assert_eq!(cast_slice::<f32>(b.as_slice()).unwrap().len(), 16);
+        assert!(cast_slice::<f32>(&b.as_slice()[1..5]).is_none());
+        assert!(cast_slice::<f64>(&b.as_slice()[..12]).is_none());
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn shared_copy_is_bounds_checked() {
+        let b = AlignedBytes::zeroed(16, 64).unwrap();
+        // SAFETY: `b` outlives `s` and nobody writes it.
+        let s = unsafe { SharedBytes::new(b.ptr(), b.len()) };
+        s.copy_to(8, &mut [0u8; 9]);
+    }
+}

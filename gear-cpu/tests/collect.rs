@@ -1,0 +1,335 @@
+//! The CPU collector against a per-step reference written from SPEC.md's
+//! window rule (not from `WindowSpec::resolve`), buffer reuse, threading,
+//! and input validation.
+
+mod common;
+
+use common::pattern;
+use gear_core::{
+    BatchLayout, Collector, ColumnSpec, DType, Error as CoreError, GatherRow, Pad, TableRegion, TableSpec, TableView,
+    WindowSpec,
+};
+use gear_cpu::{create_host_table, CpuCollector, HostBatch, HostPool};
+use proptest::prelude::*;
+
+/// A host table whose every slot holds `T` steps of `pattern` bytes (beyond
+/// any length a row will claim, so reading too far shows up as wrong bytes).
+fn filled_table(spec: &TableSpec) -> TableRegion<HostPool> {
+    let table = create_host_table(spec).unwrap();
+    for slot in 0..spec.capacity() as u32 {
+        let rec = table.slot(slot).unwrap();
+        let key = rec.begin_write(slot, 1, u64::from(slot), 1.0).unwrap();
+        for c in 0..spec.columns().len() {
+            let s = table.layout().step_bytes(c) as usize;
+            let bytes: Vec<u8> = (0..spec.max_len()).flat_map(|t| pattern(u64::from(slot), c, t, s)).collect();
+            table.write_steps(key, c, 0, &bytes).unwrap();
+        }
+        rec.publish_len(key, spec.max_len()).unwrap();
+        rec.commit(key).unwrap();
+    }
+    table
+}
+
+/// SPEC.md, one output step at a time: start = s if s >= 0 else
+/// max(k+s, 0); end = min(start+l, k); n = max(end-start, 0); tail padding
+/// puts the n steps at [0, n), head padding at [l-n, l); zeros elsewhere.
+fn reference(spec: &TableSpec, columns: &[usize], rows: &[GatherRow], w: WindowSpec) -> (Vec<Vec<u8>>, Vec<u64>) {
+    let l = w.len as i64;
+    let mut out = vec![Vec::new(); columns.len()];
+    let mut lengths = Vec::new();
+    for row in rows {
+        let k = row.len as i64;
+        let start = if w.offset >= 0 { w.offset } else { (k + w.offset).max(0) };
+        let end = (start.saturating_add(l)).min(k);
+        let n = (end - start).max(0);
+        lengths.push(n as u64);
+        for (i, &c) in columns.iter().enumerate() {
+            let s = spec.columns()[c].step_bytes().unwrap() as usize;
+            for j in 0..l {
+                let idx = match w.pad {
+                    Pad::Tail => j,
+                    Pad::Head => j - (l - n),
+                };
+                if (0..n).contains(&idx) {
+                    out[i].extend(pattern(u64::from(row.slot), c, (start + idx) as u64, s));
+                } else {
+                    out[i].extend(std::iter::repeat_n(0u8, s));
+                }
+            }
+        }
+    }
+    (out, lengths)
+}
+
+fn gather(
+    collector: &CpuCollector,
+    table: &TableRegion<HostPool>,
+    columns: &[usize],
+    rows: &[GatherRow],
+    window: WindowSpec,
+) -> HostBatch {
+    let layout = BatchLayout::new(table.layout(), columns, rows.len(), window).unwrap();
+    let mut batch = collector.alloc_batch(&layout).unwrap();
+    collector.gather(&table.view(), rows, &layout, &mut batch).unwrap();
+    batch
+}
+
+fn assert_matches_reference(batch: &HostBatch, spec: &TableSpec, columns: &[usize], rows: &[GatherRow], w: WindowSpec) {
+    let (want, lengths) = reference(spec, columns, rows, w);
+    assert_eq!(batch.lengths(), &lengths[..]);
+    for (i, want) in want.iter().enumerate() {
+        assert_eq!(batch.column(i), &want[..], "column {i}");
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    spec: TableSpec,
+    columns: Vec<usize>,
+    rows: Vec<GatherRow>,
+    window: WindowSpec,
+}
+
+fn arb_case() -> impl Strategy<Value = Case> {
+    let dtype = prop::sample::select(DType::ALL.to_vec());
+    let column = (dtype, prop::collection::vec(1u64..5, 0..3));
+    (prop::collection::vec(column, 1..4), 1u64..24, 1u64..6)
+        .prop_map(|(cols, t, cap)| {
+            let cols = cols.into_iter().enumerate().map(|(i, (d, s))| ColumnSpec::new(format!("c{i}"), d, s)).collect();
+            TableSpec::new(cols, t, cap).unwrap()
+        })
+        .prop_flat_map(|spec| {
+            let t = spec.max_len();
+            let ncols = spec.columns().len();
+            let cap = spec.capacity() as u32;
+            let rows = prop::collection::vec((0..cap, 0..=t), 0..9)
+                .prop_map(|v| v.into_iter().map(|(slot, len)| GatherRow { slot, len }).collect::<Vec<_>>());
+            let window = (-(t as i64) - 3..t as i64 + 3, 1..=t, any::<bool>()).prop_map(|(offset, len, head)| {
+                WindowSpec { offset, len, pad: if head { Pad::Head } else { Pad::Tail } }
+            });
+            (Just(spec), prop::collection::vec(0..ncols, 1..4), rows, window)
+        })
+        .prop_map(|(spec, columns, rows, window)| Case { spec, columns, rows, window })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Byte-for-byte and length-for-length equal to the reference, on a
+    /// buffer that held garbage before (as a reused one does), single- and
+    /// multi-threaded.
+    #[test]
+    fn gather_matches_the_per_step_reference(case in arb_case()) {
+        let Case { spec, columns, rows, window } = case;
+        let table = filled_table(&spec);
+        let layout = BatchLayout::new(table.layout(), &columns, rows.len(), window).unwrap();
+        let (want, lengths) = reference(&spec, &columns, &rows, window);
+        for collector in [CpuCollector::with_threads(1), CpuCollector::with_threads(3).with_bytes_per_thread(0)] {
+            let mut batch = collector.alloc_batch(&layout).unwrap();
+            for i in 0..batch.columns() {
+                batch.column_mut(i).fill(0xa5);
+            }
+            collector.gather(&table.view(), &rows, &layout, &mut batch).unwrap();
+            prop_assert_eq!(batch.lengths(), &lengths[..]);
+            for (i, want) in want.iter().enumerate() {
+                prop_assert_eq!(batch.column(i), &want[..], "column {} with {:?}", i, collector);
+            }
+        }
+    }
+}
+
+fn two_column_spec() -> TableSpec {
+    TableSpec::new(
+        vec![ColumnSpec::new("obs", DType::F32, vec![4, 3]), ColumnSpec::new("act", DType::I64, vec![])],
+        20,
+        8,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_reused_batch_is_fully_overwritten() {
+    let spec = two_column_spec();
+    let table = filled_table(&spec);
+    let c = CpuCollector::with_threads(1);
+    let layout = BatchLayout::new(table.layout(), &[0, 1], 4, WindowSpec::first(12)).unwrap();
+    let mut batch = c.alloc_batch(&layout).unwrap();
+
+    // First: every row full, so every byte is data.
+    let full: Vec<GatherRow> = (0..4).map(|s| GatherRow { slot: s, len: 20 }).collect();
+    c.gather(&table.view(), &full, &layout, &mut batch).unwrap();
+    assert!(batch.column(0).iter().all(|&b| b != 0));
+
+    // Second: short rows, other slots, tail padding and an offset: most
+    // bytes must now be zero.
+    let w2 = WindowSpec { offset: -5, len: 12, pad: Pad::Tail };
+    let layout2 = BatchLayout::new(table.layout(), &[0, 1], 4, w2).unwrap();
+    let short = [
+        GatherRow { slot: 5, len: 3 },
+        GatherRow { slot: 6, len: 0 },
+        GatherRow { slot: 7, len: 20 },
+        GatherRow { slot: 5, len: 9 },
+    ];
+    c.gather(&table.view(), &short, &layout2, &mut batch).unwrap();
+    assert_eq!(batch.layout(), &layout2);
+    assert_matches_reference(&batch, &spec, &[0, 1], &short, w2);
+    assert_eq!(batch.lengths(), &[3, 0, 5, 5]);
+    let fresh = gather(&c, &table, &[0, 1], &short, w2);
+    assert_eq!(batch.column(0), fresh.column(0));
+    assert_eq!(batch.column(1), fresh.column(1));
+
+    // Third: fewer rows than the buffers were sized for.
+    let layout3 = BatchLayout::new(table.layout(), &[0, 1], 2, WindowSpec::last(4)).unwrap();
+    let rows3 = [GatherRow { slot: 1, len: 2 }, GatherRow { slot: 1, len: 2 }];
+    c.gather(&table.view(), &rows3, &layout3, &mut batch).unwrap();
+    assert_eq!(batch.rows(), 2);
+    assert_eq!(batch.column(0).len() as u64, layout3.column_bytes(0));
+    assert_matches_reference(&batch, &spec, &[0, 1], &rows3, WindowSpec::last(4));
+}
+
+#[test]
+fn threaded_gather_equals_single_threaded_on_a_large_batch() {
+    let spec = TableSpec::new(
+        vec![ColumnSpec::new("obs", DType::U8, vec![4096]), ColumnSpec::new("r", DType::F32, vec![])],
+        64,
+        24,
+    )
+    .unwrap();
+    let table = filled_table(&spec);
+    let rows: Vec<GatherRow> = (0..37).map(|i| GatherRow { slot: (i * 7) % 24, len: u64::from(i * 5) % 65 }).collect();
+    let w = WindowSpec { offset: -40, len: 48, pad: Pad::Tail };
+    let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), w).unwrap();
+    assert!(CpuCollector::with_threads(4).threads_for(&layout) == 4, "the batch must take the threaded path");
+    let one = gather(&CpuCollector::with_threads(1), &table, &[0, 1], &rows, w);
+    for threads in [2, 4, 64] {
+        let many = gather(&CpuCollector::with_threads(threads), &table, &[0, 1], &rows, w);
+        assert_eq!(many.lengths(), one.lengths());
+        assert_eq!(many.column(0), one.column(0), "{threads} threads");
+        assert_eq!(many.column(1), one.column(1), "{threads} threads");
+    }
+    assert_matches_reference(&one, &spec, &[0, 1], &rows, w);
+}
+
+#[test]
+fn typed_views_and_rows() {
+    let spec = two_column_spec();
+    let table = filled_table(&spec);
+    let rows = [GatherRow { slot: 2, len: 3 }];
+    let b = gather(&CpuCollector::new(), &table, &[1, 0], &rows, WindowSpec::first(4));
+    let act: &[i64] = b.column_as(0).unwrap();
+    assert_eq!(act.len(), 4);
+    assert_eq!(act[0].to_le_bytes().to_vec(), pattern(2, 1, 0, 8));
+    assert_eq!(act[3], 0);
+    assert_eq!(b.column_as::<f32>(1).unwrap().len(), 4 * 12);
+    assert_eq!(b.row(1, 0), b.column(1));
+
+    // Steps of 3 bytes cannot be viewed as u16s.
+    let odd = TableSpec::new(vec![ColumnSpec::new("rgb", DType::U8, vec![3])], 4, 2).unwrap();
+    let table = filled_table(&odd);
+    let b = gather(&CpuCollector::new(), &table, &[0], &[GatherRow { slot: 1, len: 3 }], WindowSpec::first(2));
+    assert!(b.column_as::<u16>(0).is_none());
+    assert!(b.column_as::<u8>(0).is_some());
+}
+
+#[test]
+fn small_batches_stay_on_one_thread() {
+    let table = filled_table(&two_column_spec());
+    let layout = BatchLayout::new(table.layout(), &[0, 1], 8, WindowSpec::first(20)).unwrap();
+    assert_eq!(CpuCollector::with_threads(8).threads_for(&layout), 1);
+    assert_eq!(CpuCollector::with_threads(8).with_bytes_per_thread(0).threads_for(&layout), 8);
+    assert_eq!(CpuCollector::with_threads(3).with_bytes_per_thread(0).threads_for(&layout), 3);
+    let per_row = layout.total_bytes() / 8;
+    assert_eq!(CpuCollector::with_threads(8).with_bytes_per_thread(2 * per_row).threads_for(&layout), 4);
+    assert_eq!(CpuCollector::with_threads(0).threads(), 1);
+}
+
+#[test]
+fn zero_rows_is_an_empty_batch() {
+    let table = filled_table(&two_column_spec());
+    let b = gather(&CpuCollector::new(), &table, &[0], &[], WindowSpec::first(3));
+    assert!(b.column(0).is_empty());
+    assert!(b.lengths().is_empty());
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let spec = two_column_spec();
+    let table = filled_table(&spec);
+    let c = CpuCollector::new();
+    let view = table.view();
+    let layout = BatchLayout::new(table.layout(), &[0], 2, WindowSpec::first(5)).unwrap();
+    let mut batch = c.alloc_batch(&layout).unwrap();
+    let ok = [GatherRow { slot: 0, len: 5 }, GatherRow { slot: 1, len: 5 }];
+
+    let e = c.gather(&view, &ok[..1], &layout, &mut batch).unwrap_err();
+    assert!(e.to_string().contains("1 rows given, the batch layout has 2"), "{e}");
+
+    let e = c.gather(&view, &[ok[0], GatherRow { slot: 8, len: 1 }], &layout, &mut batch).unwrap_err();
+    assert_eq!(e, CoreError::SlotOutOfRange { slot: 8, capacity: 8 });
+
+    let e = c.gather(&view, &[ok[0], GatherRow { slot: 1, len: 21 }], &layout, &mut batch).unwrap_err();
+    assert!(e.to_string().contains("stored length 21 exceeds"), "{e}");
+
+    let bigger = BatchLayout::new(table.layout(), &[0], 3, WindowSpec::first(5)).unwrap();
+    let e = c.gather(&view, &[ok[0], ok[1], ok[0]], &bigger, &mut batch).unwrap_err();
+    assert!(matches!(e, CoreError::BufferTooSmall { .. }), "{e}");
+
+    let two_cols = BatchLayout::new(table.layout(), &[0, 1], 2, WindowSpec::first(5)).unwrap();
+    let e = c.gather(&view, &ok, &two_cols, &mut batch).unwrap_err();
+    assert!(e.to_string().contains("1 columns"), "{e}");
+
+    let no_host = TableView { host: None, device: Some(0x1000), layout: table.layout() };
+    assert!(matches!(c.gather(&no_host, &ok, &layout, &mut batch), Err(CoreError::Unsupported(_))));
+
+    // A layout made for another table.
+    let other = TableSpec::new(
+        vec![
+            ColumnSpec::new("a", DType::U8, vec![]),
+            ColumnSpec::new("b", DType::U8, vec![]),
+            ColumnSpec::new("c", DType::U8, vec![]),
+        ],
+        20,
+        8,
+    )
+    .unwrap();
+    let other_layout = gear_core::Layout::new(&other).unwrap();
+    let foreign = BatchLayout::new(&other_layout, &[2], 2, WindowSpec::first(5)).unwrap();
+    let mut fb = c.alloc_batch(&foreign).unwrap();
+    assert!(matches!(c.gather(&view, &ok, &foreign, &mut fb), Err(CoreError::ColumnIndex { index: 2, count: 2 })));
+    let foreign = BatchLayout::new(&other_layout, &[1], 2, WindowSpec::first(5)).unwrap();
+    assert!(matches!(c.gather(&view, &ok, &foreign, &mut fb), Err(CoreError::StepSize { .. })));
+    let long_t = TableSpec::new(vec![ColumnSpec::new("obs", DType::F32, vec![4, 3])], 40, 8).unwrap();
+    let long_layout = gear_core::Layout::new(&long_t).unwrap();
+    let too_long = BatchLayout::new(&long_layout, &[0], 2, WindowSpec::first(30)).unwrap();
+    let mut tb = c.alloc_batch(&too_long).unwrap();
+    assert!(matches!(c.gather(&view, &ok, &too_long, &mut tb), Err(CoreError::InvalidWindow(_))));
+
+    // The batch is still usable after refusals.
+    c.gather(&view, &ok, &layout, &mut batch).unwrap();
+    assert_matches_reference(&batch, &spec, &[0], &ok, WindowSpec::first(5));
+}
+
+#[test]
+fn regather_replaces_only_the_listed_rows() {
+    let spec = two_column_spec();
+    let table = filled_table(&spec);
+    let c = CpuCollector::with_threads(1);
+    let w = WindowSpec { offset: -6, len: 8, pad: Pad::Head };
+    let mut rows: Vec<GatherRow> = (0..5).map(|s| GatherRow { slot: s, len: 4 + s as u64 }).collect();
+    let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), w).unwrap();
+    let mut batch = c.alloc_batch(&layout).unwrap();
+    c.gather(&table.view(), &rows, &layout, &mut batch).unwrap();
+    let before: Vec<Vec<u8>> = (0..2).map(|i| batch.column(i).to_vec()).collect();
+    // Rows 1 and 3 are redrawn: other slots, other lengths.
+    rows[1] = GatherRow { slot: 7, len: 20 };
+    rows[3] = GatherRow { slot: 6, len: 1 };
+    c.regather(&table.view(), &rows, &layout, &[1, 3], &mut batch).unwrap();
+    assert_matches_reference(&batch, &spec, &[0, 1], &rows, w);
+    for (i, old) in before.iter().enumerate() {
+        let n = layout.row_bytes(i) as usize;
+        for r in [0, 2, 4] {
+            assert_eq!(&batch.column(i)[r * n..(r + 1) * n], &old[r * n..(r + 1) * n], "row {r} untouched");
+        }
+    }
+    assert!(c.regather(&table.view(), &rows, &layout, &[5], &mut batch).is_err(), "row out of range");
+}
