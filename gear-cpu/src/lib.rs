@@ -12,12 +12,14 @@
 //!   the padding, splitting large batches across threads. Its output is
 //!   byte-for-byte the gear-core [`Collector`](gear_core::Collector)
 //!   contract, the reference other backends are compared with;
+//! * [`sync`]: a robust process-shared mutex, futex waits and process
+//!   liveness, for metadata that several processes update;
 //! * [`create_shared_table`], [`open_shared_table`], [`create_host_table`]:
 //!   a [`TableRegion`] laid out in, or attached from, these pools.
 //!
 //! Architecture invariant: gear-cpu depends on gear-core only (plus
 //! `memmap2`, `libc`, `thiserror`); it knows nothing of devices, sampling
-//! or the network. All `unsafe` code is in the private `raw` module.
+//! or the network. All `unsafe` code is in the private `raw` module and in `sync` (FFI).
 //! Unix only (`posix_fallocate`, `MAP_SHARED` files).
 
 #![warn(missing_docs)]
@@ -27,6 +29,7 @@ mod error;
 mod host;
 mod raw;
 mod shm;
+pub mod sync;
 
 pub use collect::{CpuCollector, HostBatch, BATCH_ALIGN, DEFAULT_BYTES_PER_THREAD};
 pub use error::{Error, Result};
