@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod collect;
+pub mod control;
 pub mod dtype;
 pub mod error;
 pub mod layout;
@@ -34,6 +35,7 @@ pub mod transport;
 pub mod window;
 
 pub use collect::{BatchLayout, Collector, GatherRow};
+pub use control::{target, Change, ControlBlock, LogEntry, LogOp, LOG_ENTRIES};
 pub use dtype::{as_bytes, DType, Element};
 pub use error::{Error, Result};
 pub use layout::Layout;

@@ -1,8 +1,8 @@
 //! A table inside a memory region: header, slot records, data.
 //!
 //! ```text
-//! 0                64             slots_offset          data_offset
-//! | fixed header   | encoded spec | SlotRecord x capacity | data (Layout) |
+//! 0              64             control_offset                                   slots_offset            data_offset
+//! | fixed header | encoded spec | ControlBlock | free list | change log          | SlotRecord x capacity | data |
 //! ```
 //!
 //! The fixed header holds a magic, the format version, a `ready` word the
@@ -11,6 +11,7 @@
 //! spec and compares. Any mismatch is an error, never a panic or SIGBUS:
 //! the region may come from another process or be a file that is not ours.
 
+use crate::control::{ControlBlock, LogEntry, LOG_ENTRIES};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::memory::MemoryRegion;
@@ -22,7 +23,7 @@ use std::ptr::NonNull;
 /// First eight bytes of every table region.
 pub const MAGIC: [u8; 8] = *b"GEARTBL\0";
 /// Region format version; bumped on any layout change.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes of the fixed header before the encoded spec.
 pub const FIXED_HEADER_BYTES: u64 = 64;
 /// Alignment of the data area (a page, so windows start page-aligned
@@ -44,6 +45,12 @@ const READY: u32 = 1;
 pub struct RegionLayout {
     /// Encoded spec length.
     pub spec_bytes: u64,
+    /// Offset of the [`ControlBlock`].
+    pub control_offset: u64,
+    /// Offset of the free list (`u32` x capacity).
+    pub free_offset: u64,
+    /// Offset of the change log ([`LogEntry`] x [`LOG_ENTRIES`]).
+    pub log_offset: u64,
     /// Offset of the slot records.
     pub slots_offset: u64,
     /// Offset of the data area.
@@ -61,13 +68,19 @@ impl RegionLayout {
     pub fn for_spec(spec: &TableSpec) -> Result<Self> {
         let overflow = || Error::SizeOverflow("table region".into());
         let spec_bytes = spec.encode().len() as u64;
-        let slots_offset = align_up(FIXED_HEADER_BYTES + spec_bytes, 64).ok_or_else(overflow)?;
+        let control_offset = align_up(FIXED_HEADER_BYTES + spec_bytes, 64).ok_or_else(overflow)?;
+        let free_offset = control_offset + std::mem::size_of::<ControlBlock>() as u64;
+        let free_bytes = spec.capacity().checked_mul(4).ok_or_else(overflow)?;
+        let log_offset =
+            align_up(free_offset.checked_add(free_bytes).ok_or_else(overflow)?, 64).ok_or_else(overflow)?;
+        let log_bytes = LOG_ENTRIES * std::mem::size_of::<LogEntry>() as u64;
+        let slots_offset = align_up(log_offset + log_bytes, 64).ok_or_else(overflow)?;
         let slots_bytes = spec.capacity().checked_mul(std::mem::size_of::<SlotRecord>() as u64).ok_or_else(overflow)?;
         let data_offset =
             align_up(slots_offset.checked_add(slots_bytes).ok_or_else(overflow)?, DATA_ALIGN).ok_or_else(overflow)?;
         let total_bytes = data_offset.checked_add(Layout::new(spec)?.total_bytes()).ok_or_else(overflow)?;
         usize::try_from(total_bytes).map_err(|_| overflow())?;
-        Ok(RegionLayout { spec_bytes, slots_offset, data_offset, total_bytes })
+        Ok(RegionLayout { spec_bytes, control_offset, free_offset, log_offset, slots_offset, data_offset, total_bytes })
     }
 }
 
@@ -239,6 +252,39 @@ impl<R: MemoryRegion> TableRegion<R> {
     pub fn creator_pid(&self) -> u64 {
         // SAFETY: offset 48 is inside the checked 64-byte header.
         unsafe { std::ptr::read_unaligned(self.base.as_ptr().add(OFF_CREATOR).cast::<u64>()) }
+    }
+
+    /// The shared control block.
+    pub fn control(&self) -> &ControlBlock {
+        // SAFETY: the control area lies inside the region (checked at
+        // create/open), is 64-byte aligned, and any bit pattern is a valid
+        // `ControlBlock` (atomics, and mutex bytes only its functions touch).
+        unsafe { &*self.base.as_ptr().add(self.region_layout.control_offset as usize).cast::<ControlBlock>() }
+    }
+
+    /// The shared free list (its first `control().free_len` entries are in
+    /// use; guarded by the control block's mutex).
+    pub fn free_list(&self) -> &[AtomicU32] {
+        // SAFETY: `capacity` u32 words inside the region, 4-byte aligned;
+        // any bit pattern is a valid AtomicU32.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(self.region_layout.free_offset as usize).cast::<AtomicU32>(),
+                self.spec.capacity() as usize,
+            )
+        }
+    }
+
+    /// The change log ring (guarded by the control block's mutex).
+    pub fn log(&self) -> &[LogEntry] {
+        // SAFETY: LOG_ENTRIES entries inside the region, 64-byte aligned;
+        // any bit pattern is a valid LogEntry (atomics only).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(self.region_layout.log_offset as usize).cast::<LogEntry>(),
+                LOG_ENTRIES as usize,
+            )
+        }
     }
 
     /// All slot records.

@@ -59,6 +59,10 @@ pub enum SlotState {
     Writing = 1,
     /// Complete and selectable.
     Committed = 2,
+    /// Complete, taken out of selection (it reached its maximum sample
+    /// count) and about to be freed once the sampler that drew it last has
+    /// copied it; `owner` is that sampler's process.
+    Retiring = 3,
 }
 
 impl SlotState {
@@ -66,6 +70,7 @@ impl SlotState {
         match b & 0xff {
             1 => SlotState::Writing,
             2 => SlotState::Committed,
+            3 => SlotState::Retiring,
             _ => SlotState::Free,
         }
     }
@@ -77,6 +82,7 @@ impl std::fmt::Display for SlotState {
             SlotState::Free => "free",
             SlotState::Writing => "writing",
             SlotState::Committed => "committed",
+            SlotState::Retiring => "retiring",
         })
     }
 }
@@ -199,6 +205,13 @@ impl SlotRecord {
     pub fn commit(&self, key: SlotKey) -> Result<()> {
         self.transition(key, SlotState::Writing, SlotState::Committed, "commit")?;
         self.owner.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `Committed` -> `Retiring`, owned by the sampler process `owner`.
+    pub fn retire(&self, key: SlotKey, owner: u64) -> Result<()> {
+        self.transition(key, SlotState::Committed, SlotState::Retiring, "retire")?;
+        self.owner.store(owner, Ordering::Relaxed);
         Ok(())
     }
 
