@@ -1,1 +1,69 @@
-//! placeholder
+//! # gear-cuda
+//!
+//! The CUDA backend of GEAR-rs: trajectory memory the GPU can reach, and the
+//! kernels that select and collect trajectories on the GPU.
+//!
+//! * Memory ([`memory`]): [`DeviceMemory`] (device), [`PinnedMemory`]
+//!   (page-locked host memory mapped for the device) and
+//!   [`RegisteredRegion`] (any host [`gear_core::MemoryRegion`], such as a
+//!   shared-memory table that actor processes write, page-locked and mapped
+//!   in place, so a trainer GPU reads it with no copy). Each implements
+//!   [`gear_core::MemoryRegion`].
+//! * Collection ([`CudaCollector`], a [`gear_core::Collector`]): one kernel
+//!   launch gathers the windows of a batch into device buffers laid out as
+//!   `gear_core::collect` documents, reading each row either zero-copy from
+//!   mapped host memory or from a [`DeviceCache`] of hot trajectories. The
+//!   batch carries an event the trainer's stream can wait on.
+//! * Selection ([`DevicePriorities`], [`CudaPrioritized`], [`CudaTopK`]):
+//!   priorities mirrored in device memory; proportional sampling with
+//!   importance weights (f64 prefix sums, counter-based RNG, so a seed fixes
+//!   the draws), top-k, and batched priority updates (last write wins).
+//! * [`bench::run_bench`]: zero-copy gather, device-cache gather and a
+//!   device-to-device copy of the same bytes, in GB/s.
+//!
+//! Kernels are CUDA C in `gear-cuda/kernels/`, embedded with `include_str!`,
+//! compiled at run time by NVRTC for the device's compute capability and
+//! cached per context ([`kernels`]). No nvcc is needed to build.
+//!
+//! The CUDA driver and NVRTC are loaded at run time (cudarc's
+//! `dynamic-loading`). cudarc panics when a library is missing, so every
+//! entry point probes first ([`probe`]) and returns
+//! [`Error::BackendUnavailable`] instead: this crate builds and its tests
+//! pass on a machine without a GPU, where device tests print
+//! `skipped: no CUDA device` (or fail when `GEAR_REQUIRE_GPU=1`).
+//!
+//! ## What has run where
+//!
+//! **Nothing in this crate has run on a GPU yet.** Verified without one:
+//! every kernel compiles under NVRTC 13.0 for sm_80 and sm_90 (PTX and
+//! CUBIN), and the gather, sampling, top-k and scatter kernels, compiled as
+//! C++ by g++ with a host shim, match CPU references (tests
+//! `nvrtc_compile` and `cpu_shim`). The driver-side code (allocation,
+//! registration, launches, events, the device cache, the selectors and the
+//! bench) is written against cudarc 0.19 and has device tests that have not
+//! yet been run; see `gear-cuda/README.md` for how to run them.
+
+pub mod bench;
+pub mod cache;
+pub mod device;
+mod error;
+mod ffi;
+pub mod gather;
+pub mod kernels;
+pub mod memory;
+#[doc(hidden)]
+pub mod plan;
+pub mod probe;
+pub mod select;
+
+pub use cache::{DeviceCache, RowCache};
+pub use device::CudaDevice;
+pub use error::{Error, Result};
+pub use gather::{CudaBatch, CudaCollector};
+pub use memory::{DeviceMemory, PinnedMemory, RegisteredRegion};
+pub use select::{CudaPrioritized, CudaTopK, DeviceDraws, DevicePriorities};
+
+/// The cudarc version this crate is written against, re-exported so callers
+/// can name streams and events ([`cudarc::driver::CudaStream`],
+/// [`cudarc::driver::CudaEvent`]) without a second dependency.
+pub use cudarc;

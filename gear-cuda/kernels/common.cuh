@@ -1,0 +1,34 @@
+// Prelude shared by every GEAR kernel source. The Rust side prepends it to
+// each .cu file before handing the text to NVRTC; the CPU test shim
+// (tests/shim/shim.h) includes it after defining the CUDA built-ins.
+//
+// Rules for kernel sources, so that one text compiles under both NVRTC and
+// g++: no #include, no block-level synchronisation (__syncthreads, shared
+// memory), no atomics, no warp intrinsics; only these typedefs, C++17 and
+// the math functions pow/fmin/fmax, which NVRTC provides built in.
+#ifndef GEAR_COMMON_CUH
+#define GEAR_COMMON_CUH
+
+typedef unsigned long long gear_u64;
+typedef long long gear_i64;
+typedef unsigned int gear_u32;
+typedef unsigned char gear_u8;
+
+// Sixteen bytes moved as one unit: with 16-byte alignment the compiler
+// emits a single 128-bit load/store (ld.v2.u64) for a copy of this struct.
+struct alignas(16) gear_v16 {
+    gear_u64 lo;
+    gear_u64 hi;
+};
+
+// Index of this thread in a 1-D grid-stride loop over x.
+__device__ __forceinline__ gear_u64 gear_thread_x() {
+    return (gear_u64)blockIdx.x * (gear_u64)blockDim.x + (gear_u64)threadIdx.x;
+}
+
+// Threads in a 1-D grid over x.
+__device__ __forceinline__ gear_u64 gear_threads_x() {
+    return (gear_u64)gridDim.x * (gear_u64)blockDim.x;
+}
+
+#endif

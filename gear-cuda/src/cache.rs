@@ -1,0 +1,293 @@
+//! [`DeviceCache`]: a chosen set of trajectories copied into device memory,
+//! so collection reads them at device bandwidth and only the rest over the
+//! bus.
+//!
+//! Each entry holds one slot's columns in the table's own slot layout, so a
+//! cached row differs from a zero-copy row only in its base address: the
+//! gather kernel takes a per-row source table and serves both in one launch.
+//!
+//! Which trajectories to keep is the caller's choice (the most recent, the
+//! highest priority, ...): it calls [`DeviceCache::insert`] for them; when
+//! the cache is full the entry inserted first is replaced (FIFO).
+//!
+//! Correctness against slot reuse: an entry remembers the key (slot and
+//! generation) and the published length it copied. A lookup serves a row
+//! from the cache only if the slot's *current* key, read from the table's
+//! slot records at gather time, is the entry's key and the entry holds at
+//! least the row's length; otherwise the row is read zero-copy. The copy in
+//! `insert` is validated with the slot's seqlock. An entry is never
+//! overwritten while a gather that may read it is queued: gathers record an
+//! event under the cache lock, and `insert` waits for it before reusing an
+//! entry.
+
+use crate::device::CudaDevice;
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::memory::DeviceMemory;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use gear_core::{GatherRow, Layout, MemoryRegion, SlotKey, TableRegion};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// A device-memory source of rows for [`crate::CudaCollector`].
+pub trait RowCache: Send + Sync {
+    /// The context the cached memory lives in.
+    fn context(&self) -> &Arc<CudaContext>;
+
+    /// Looks up `rows` (for a table of `layout`) and calls `launch` with,
+    /// per row, the device address of the cached slot copy or `None`, while
+    /// holding the cache's entries fixed; then records that `stream` may
+    /// read them until its queued work completes.
+    fn with_rows(
+        &self,
+        layout: &Layout,
+        rows: &[GatherRow],
+        stream: &Arc<CudaStream>,
+        launch: &mut dyn FnMut(&[Option<u64>]) -> Result<()>,
+    ) -> Result<()>;
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    key: SlotKey,
+    /// Steps copied (the published length at insert).
+    len: u64,
+}
+
+struct CacheState {
+    /// Entry `i` occupies bytes `[i * stride, (i+1) * stride)` of `mem`.
+    entries: Vec<Option<Entry>>,
+    /// Slot -> entry index, for every `Some` entry.
+    by_slot: HashMap<u32, usize>,
+    /// Occupied entries, oldest insert first.
+    order: VecDeque<usize>,
+    /// Per stream that gathered from `mem`: an event recorded after its
+    /// latest such gather. All are waited for before an entry is overwritten.
+    in_use: Vec<(Arc<CudaStream>, CudaEvent)>,
+}
+
+/// A fixed number of trajectories of one table, copied to device memory.
+pub struct DeviceCache<R: MemoryRegion> {
+    table: Arc<TableRegion<R>>,
+    mem: DeviceMemory,
+    capacity: usize,
+    state: Mutex<CacheState>,
+}
+
+impl<R: MemoryRegion> std::fmt::Debug for DeviceCache<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceCache").field("capacity", &self.capacity).field("len", &self.len()).finish()
+    }
+}
+
+impl<R: MemoryRegion> DeviceCache<R> {
+    /// A cache of `capacity` trajectories of `table` on `device`
+    /// (`capacity * slot_stride` bytes of device memory).
+    pub fn new(device: &CudaDevice, table: Arc<TableRegion<R>>, capacity: usize) -> Result<Self> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument("a device cache needs at least one entry".into()));
+        }
+        let bytes = (capacity as u64)
+            .checked_mul(table.layout().slot_stride())
+            .ok_or_else(|| Error::InvalidArgument("device cache size overflows 64 bits".into()))?;
+        let mem = device.alloc(bytes)?;
+        let state = CacheState {
+            entries: vec![None; capacity],
+            by_slot: HashMap::new(),
+            order: VecDeque::new(),
+            in_use: Vec::new(),
+        };
+        Ok(DeviceCache { table, mem, capacity, state: Mutex::new(state) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.lock().by_slot.len()
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Most entries held at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The table this cache copies from.
+    pub fn table(&self) -> &Arc<TableRegion<R>> {
+        &self.table
+    }
+
+    /// Whether `key` is cached (with any length).
+    pub fn contains(&self, key: SlotKey) -> bool {
+        let st = self.lock();
+        st.by_slot.get(&key.slot).is_some_and(|&i| st.entries[i].is_some_and(|e| e.key == key))
+    }
+
+    /// Copies `key`'s trajectory (its published steps of every column) into
+    /// the cache, replacing an older copy of the same slot or, when full,
+    /// the oldest entry. Returns the key evicted to make room, if any.
+    /// Errors with `StaleKey` if the slot no longer holds `key`: before the
+    /// copy (the cache is then unchanged) or during it (the chosen entry is
+    /// then left empty).
+    ///
+    /// Blocks: it waits for queued gathers that read the cache, then copies
+    /// synchronously, holding the cache lock (gathers with this cache wait
+    /// meanwhile). Call it off the training loop's critical path.
+    pub fn insert(&self, key: SlotKey) -> Result<Option<SlotKey>> {
+        let rec = self.table.slot(key.slot)?;
+        let stale = || gear_core::Error::StaleKey { slot: key.slot, generation: key.generation };
+        // Refuse a stale key before touching any entry.
+        let len = rec.read_begin(key).ok_or_else(stale)?;
+        let mut st = self.lock();
+        // Pick the entry: the slot's own, a free one, or the oldest.
+        let mut evicted = None;
+        let idx = if let Some(&i) = st.by_slot.get(&key.slot) {
+            i
+        } else if let Some(i) = st.entries.iter().position(Option::is_none) {
+            i
+        } else {
+            let i = st.order.pop_front().expect("a full cache has an oldest entry");
+            let old = st.entries[i].take().expect("ordered entries are occupied");
+            st.by_slot.remove(&old.key.slot);
+            evicted = Some(old.key);
+            i
+        };
+        // Drop the entry from the index while it is rewritten, so a failed
+        // copy leaves it free rather than half-written.
+        if let Some(old) = st.entries[idx].take() {
+            st.by_slot.remove(&old.key.slot);
+        }
+        st.order.retain(|&j| j != idx);
+        // No queued gather may still read the entry.
+        for (_, event) in &st.in_use {
+            event.synchronize()?;
+        }
+        self.copy_slot(key.slot, idx, len)?;
+        if !rec.read_validate(key) {
+            return Err(stale().into());
+        }
+        st.entries[idx] = Some(Entry { key, len });
+        st.by_slot.insert(key.slot, idx);
+        st.order.push_back(idx);
+        Ok(evicted)
+    }
+
+    /// Copies the first `len` steps of every column of `slot` to entry `idx`.
+    fn copy_slot(&self, slot: u32, idx: usize, len: u64) -> Result<()> {
+        let layout = self.table.layout();
+        let entry_base = self.mem.device_addr() + idx as u64 * layout.slot_stride();
+        let data = self.table.data_ptr().as_ptr();
+        self.mem.context().bind_to_thread()?;
+        for c in 0..layout.columns() {
+            let bytes = len * layout.step_bytes(c);
+            if bytes == 0 {
+                continue;
+            }
+            let src_off = layout.offset(u64::from(slot), c, 0) as usize;
+            let dst = entry_base + layout.offset(0, c, 0);
+            // SAFETY: slot < capacity (checked by `table.slot`) and len <= T
+            // (a published length), so the source range lies in the table's
+            // data area, alive while `self.table` is; the destination lies in
+            // entry `idx` of `mem`; the context is current. Bytes that change
+            // during the copy are detected by the caller's read_validate.
+            unsafe { ffi::copy_htod(dst, data.add(src_off), bytes as usize) }?;
+        }
+        Ok(())
+    }
+
+    /// Drops the entry of `slot`, if any. Returns whether one was held.
+    pub fn remove(&self, slot: u32) -> bool {
+        let mut st = self.lock();
+        let Some(i) = st.by_slot.remove(&slot) else { return false };
+        st.entries[i] = None;
+        st.order.retain(|&j| j != i);
+        true
+    }
+
+    /// Drops entries whose slot was reused since they were copied. Returns
+    /// how many were dropped. (Lookups already ignore such entries; this
+    /// frees their room.)
+    pub fn retain_current(&self) -> usize {
+        let mut st = self.lock();
+        let stale: Vec<u32> = st
+            .entries
+            .iter()
+            .flatten()
+            .filter(|e| self.table.slot(e.key.slot).map(|r| r.key_state(e.key.slot).0 != e.key).unwrap_or(true))
+            .map(|e| e.key.slot)
+            .collect();
+        for slot in &stale {
+            if let Some(i) = st.by_slot.remove(slot) {
+                st.entries[i] = None;
+                st.order.retain(|&j| j != i);
+            }
+        }
+        stale.len()
+    }
+
+    /// The cached keys, oldest insert first.
+    pub fn keys(&self) -> Vec<SlotKey> {
+        let st = self.lock();
+        st.order.iter().filter_map(|&i| st.entries[i].map(|e| e.key)).collect()
+    }
+}
+
+impl<R: MemoryRegion> Drop for DeviceCache<R> {
+    fn drop(&mut self) {
+        // Queued gathers may still read the memory about to be freed.
+        for (_, event) in &self.lock().in_use {
+            let _ = event.synchronize();
+        }
+    }
+}
+
+impl<R: MemoryRegion> RowCache for DeviceCache<R> {
+    fn context(&self) -> &Arc<CudaContext> {
+        self.mem.context()
+    }
+
+    fn with_rows(
+        &self,
+        layout: &Layout,
+        rows: &[GatherRow],
+        stream: &Arc<CudaStream>,
+        launch: &mut dyn FnMut(&[Option<u64>]) -> Result<()>,
+    ) -> Result<()> {
+        if layout != self.table.layout() {
+            return Err(Error::InvalidArgument("the cache was built for a table of another layout".into()));
+        }
+        let mut st = self.lock();
+        let stride = layout.slot_stride();
+        let base = self.mem.device_addr();
+        let cached: Vec<Option<u64>> = rows
+            .iter()
+            .map(|row| {
+                let &i = st.by_slot.get(&row.slot)?;
+                let e = st.entries[i]?;
+                let current = self.table.slot(row.slot).ok()?.key_state(row.slot).0;
+                (current == e.key && e.len >= row.len).then_some(base + i as u64 * stride)
+            })
+            .collect();
+        if cached.iter().all(Option::is_none) {
+            drop(st);
+            return launch(&cached);
+        }
+        launch(&cached)?;
+        match st.in_use.iter().position(|(s, _)| **s == **stream) {
+            Some(i) => st.in_use[i].1.record(stream)?,
+            None => {
+                let event = self.mem.context().new_event(None)?;
+                event.record(stream)?;
+                st.in_use.push((stream.clone(), event));
+            }
+        }
+        Ok(())
+    }
+}

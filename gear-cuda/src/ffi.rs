@@ -1,0 +1,180 @@
+//! The raw FFI calls that cudarc's safe layer does not cover: dlopen for
+//! preloading NVRTC from a directory, page-locked host allocation and
+//! registration, and byte copies between raw host pointers and device
+//! addresses. Every function is `unsafe` with its obligations listed; the
+//! safe types in `memory`, `cache` and `probe` uphold them.
+//!
+//! Callers must have probed the driver ([`crate::probe::driver`]) before any
+//! `cu*` call here: cudarc resolves the symbols lazily and panics when the
+//! library is missing.
+
+use cudarc::driver::{sys, DriverError};
+use std::ffi::{c_void, CString};
+
+/// Opens a shared library by absolute path with `RTLD_NOW | RTLD_GLOBAL` and
+/// leaks the handle, so that later `dlopen` calls by soname (cudarc's, or
+/// NVRTC's own for its builtins) find the already loaded library.
+pub(crate) fn dlopen_global(path: &std::path::Path) -> Result<(), String> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{}: path contains a NUL byte", path.display()))?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    // Loading runs the library's initialisers; the libraries we load
+    // (NVRTC) have no initialisers with preconditions.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns NULL or a NUL-terminated string that stays
+        // valid until the next dl* call on this thread; we copy it at once.
+        let msg = unsafe {
+            let e = libc::dlerror();
+            if e.is_null() {
+                "unknown dlopen error".to_owned()
+            } else {
+                std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
+        };
+        return Err(format!("cannot load {}: {msg}", path.display()));
+    }
+    Ok(())
+}
+
+/// Allocates `bytes` of page-locked host memory, portable across contexts
+/// and mapped into the device address space.
+///
+/// # Safety
+/// The driver was probed and a context is current on this thread.
+pub(crate) unsafe fn host_alloc_mapped(bytes: usize) -> Result<*mut u8, DriverError> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    // SAFETY: `p` is a valid out-pointer; the caller guarantees the driver
+    // is loaded and a context is current.
+    unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) }.result()?;
+    Ok(p.cast())
+}
+
+/// Frees memory from [`host_alloc_mapped`].
+///
+/// # Safety
+/// `p` came from [`host_alloc_mapped`], is freed once, and no device work
+/// that uses it is pending.
+pub(crate) unsafe fn host_free(p: *mut u8) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemFreeHost(p.cast()) }.result()
+}
+
+/// Page-locks `[p, p+bytes)` and maps it for every context (PORTABLE |
+/// DEVICEMAP).
+///
+/// # Safety
+/// The range is valid host memory for as long as it stays registered; the
+/// driver was probed and a context is current.
+pub(crate) unsafe fn host_register(p: *mut u8, bytes: usize) -> Result<(), DriverError> {
+    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemHostRegister_v2(p.cast(), bytes, flags) }.result()
+}
+
+/// Undoes [`host_register`].
+///
+/// # Safety
+/// `p` is the start of a range registered by [`host_register`], unregistered
+/// once, with no device work that uses it pending.
+pub(crate) unsafe fn host_unregister(p: *mut u8) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemHostUnregister(p.cast()) }.result()
+}
+
+/// The device address of page-locked, mapped host memory.
+///
+/// # Safety
+/// `p` lies in memory from [`host_alloc_mapped`] or [`host_register`]; a
+/// context is current.
+pub(crate) unsafe fn host_device_ptr(p: *mut u8) -> Result<u64, DriverError> {
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: `d` is a valid out-pointer; flags must be 0 per the driver API.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p.cast(), 0) }.result()?;
+    Ok(d)
+}
+
+/// Allocates `bytes` (> 0) of device memory.
+///
+/// # Safety
+/// The driver was probed and a context is current.
+pub(crate) unsafe fn device_alloc(bytes: usize) -> Result<u64, DriverError> {
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: `d` is a valid out-pointer.
+    unsafe { sys::cuMemAlloc_v2(&mut d, bytes) }.result()?;
+    Ok(d)
+}
+
+/// Frees device memory.
+///
+/// # Safety
+/// `d` came from [`device_alloc`], is freed once, with no work using it
+/// pending; its context is current.
+pub(crate) unsafe fn device_free(d: u64) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemFree_v2(d) }.result()
+}
+
+/// Copies `bytes` from host to device, returning when the copy is done.
+///
+/// # Safety
+/// `src` is readable for `bytes`, `dst` is device memory of at least
+/// `bytes`; a context is current.
+pub(crate) unsafe fn copy_htod(dst: u64, src: *const u8, bytes: usize) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemcpyHtoD_v2(dst, src.cast(), bytes) }.result()
+}
+
+/// Queues a host-to-device copy on `stream`. From pageable memory the driver
+/// stages the bytes before returning, so `src` may be reused at once; from
+/// page-locked memory the copy is asynchronous and `src` must stay untouched
+/// until the stream reaches it.
+///
+/// # Safety
+/// As for [`copy_htod`], plus the page-locked rule above; `stream` belongs
+/// to the current context.
+pub(crate) unsafe fn copy_htod_async(
+    dst: u64,
+    src: *const u8,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream) }.result()
+}
+
+/// Copies `bytes` from device to host, returning when the copy is done.
+///
+/// # Safety
+/// `dst` is writable for `bytes`, `src` is device memory of at least
+/// `bytes`; a context is current.
+pub(crate) unsafe fn copy_dtoh(dst: *mut u8, src: u64, bytes: usize) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemcpyDtoH_v2(dst.cast(), src, bytes) }.result()
+}
+
+/// Queues a device-to-device copy on `stream`.
+///
+/// # Safety
+/// Both ranges are device memory of at least `bytes`; `stream` belongs to
+/// the current context.
+pub(crate) unsafe fn copy_dtod_async(
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) }.result()
+}
+
+/// Queues a byte fill on `stream`.
+///
+/// # Safety
+/// `dst` is device memory of at least `bytes`; `stream` belongs to the
+/// current context.
+pub(crate) unsafe fn memset_async(dst: u64, value: u8, bytes: usize, stream: sys::CUstream) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuMemsetD8Async(dst, value, bytes, stream) }.result()
+}

@@ -1,0 +1,441 @@
+//! Memory the GPU can reach, each a [`gear_core::MemoryRegion`]:
+//!
+//! * [`DeviceMemory`]: `cuMemAlloc`; kind `Device`, no host pointer.
+//! * [`PinnedMemory`]: `cuMemHostAlloc(DEVICEMAP | PORTABLE)`; kind
+//!   `Pinned`, a host pointer and a device pointer to the same bytes.
+//! * [`RegisteredRegion`]: any host region (a shared-memory table that actor
+//!   processes write, say) page-locked in place by
+//!   `cuMemHostRegister(DEVICEMAP | PORTABLE)`; keeps the wrapped region's
+//!   kind and name and gains a device pointer, so kernels read it with no
+//!   copy.
+//!
+//! Release order: each value holds an `Arc` of its context, dropped after
+//! the memory is released, so the context outlives every allocation; a
+//! registered region is unregistered before the wrapped region (and its
+//! memory) is dropped. These types do not wait for queued device work when
+//! dropped: their owners do ([`crate::CudaBatch`], [`crate::DeviceCache`]
+//! and [`crate::DevicePriorities`] wait for their own queued work first);
+//! callers who queue work on raw memory keep it alive until that work
+//! completes. (A registered region is also only dropped with its table.)
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use cudarc::driver::{CudaContext, CudaStream};
+use gear_core::{MemoryKind, MemoryRegion};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+fn to_usize(bytes: u64, what: &str) -> Result<usize> {
+    usize::try_from(bytes).map_err(|_| Error::InvalidArgument(format!("{what}: {bytes} bytes do not fit in usize")))
+}
+
+/// The largest power of two (up to a page) dividing `addr`.
+fn alignment_of(addr: u64) -> u64 {
+    if addr == 0 {
+        4096
+    } else {
+        (1u64 << addr.trailing_zeros()).min(4096)
+    }
+}
+
+/// Device memory from `cuMemAlloc`. A zero-length allocation holds no memory
+/// and reports device address 0.
+pub struct DeviceMemory {
+    /// Device address; 0 iff `len == 0`.
+    ptr: u64,
+    len: u64,
+    /// Declared last: dropped after `Drop::drop` freed `ptr`.
+    ctx: Arc<CudaContext>,
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMemory").field("ptr", &format_args!("{:#x}", self.ptr)).field("len", &self.len).finish()
+    }
+}
+
+impl DeviceMemory {
+    pub(crate) fn alloc(ctx: &Arc<CudaContext>, bytes: u64) -> Result<Self> {
+        let n = to_usize(bytes, "device allocation")?;
+        let ptr = if n == 0 {
+            0
+        } else {
+            ctx.bind_to_thread()?;
+            // SAFETY: the driver was probed (a context exists) and the
+            // context is current on this thread.
+            unsafe { ffi::device_alloc(n) }?
+        };
+        Ok(DeviceMemory { ptr, len: bytes, ctx: ctx.clone() })
+    }
+
+    /// Device address of the first byte (0 for an empty allocation).
+    pub fn device_addr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the allocation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The context the memory belongs to.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn check_range(&self, offset: u64, bytes: usize, what: &str) -> Result<()> {
+        if offset.checked_add(bytes as u64).is_none_or(|end| end > self.len) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: bytes {offset}..{} outside the {}-byte device buffer",
+                offset.saturating_add(bytes as u64),
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `src` to `offset` and waits for the copy (ordered after all
+    /// work already queued on the context's null stream only: callers
+    /// synchronise their own streams first).
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.check_range(offset, src.len(), "write")?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `src` is a live slice; the destination range was checked
+        // against this allocation; the context is current.
+        unsafe { ffi::copy_htod(self.ptr + offset, src.as_ptr(), src.len()) }?;
+        Ok(())
+    }
+
+    /// Copies bytes from `offset` into `dst` and waits for the copy (see
+    /// [`DeviceMemory::write`] for ordering).
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check_range(offset, dst.len(), "read")?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `dst` is a live, writable slice; the source range was
+        // checked; the context is current.
+        unsafe { ffi::copy_dtoh(dst.as_mut_ptr(), self.ptr + offset, dst.len()) }?;
+        Ok(())
+    }
+
+    /// The whole buffer copied to a host vector (synchronous).
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; to_usize(self.len, "read")?];
+        self.read(0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Queues a copy of `src` to `offset` on `stream`. The driver stages
+    /// pageable host memory before returning, so `src` may be dropped after
+    /// the call.
+    pub fn write_async(&self, offset: u64, src: &[u8], stream: &CudaStream) -> Result<()> {
+        self.check_range(offset, src.len(), "write")?;
+        self.check_stream(stream)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `src` is a live slice in pageable memory (a Rust slice the
+        // caller owns: staged by the driver before the call returns); the
+        // destination was checked; the stream belongs to this context.
+        unsafe { ffi::copy_htod_async(self.ptr + offset, src.as_ptr(), src.len(), stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    /// Queues a fill of the whole buffer with `value` on `stream`.
+    pub fn fill_async(&self, value: u8, stream: &CudaStream) -> Result<()> {
+        self.check_stream(stream)?;
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the whole allocation; the stream belongs to this context.
+        unsafe { ffi::memset_async(self.ptr, value, self.len as usize, stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    /// Queues a device-to-device copy of `bytes` from `src` (a device
+    /// address range the caller vouches for through `src_mem`) on `stream`.
+    pub fn copy_from_async(
+        &self,
+        offset: u64,
+        src_mem: &DeviceMemory,
+        src_offset: u64,
+        bytes: u64,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let n = to_usize(bytes, "copy")?;
+        self.check_range(offset, n, "copy destination")?;
+        src_mem.check_range(src_offset, n, "copy source")?;
+        self.check_stream(stream)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: both ranges were checked against their allocations, which
+        // live for the call (queued work must not outlive them: module doc).
+        unsafe { ffi::copy_dtod_async(self.ptr + offset, src_mem.ptr + src_offset, n, stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+        if **stream.context() != *self.ctx {
+            return Err(Error::InvalidArgument("stream belongs to another context than the memory".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        // Errors cannot be reported from drop; cudarc records them on the
+        // context (see CudaContext::check_err).
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from device_alloc in this context and is
+            // freed exactly once, here.
+            let r = unsafe { ffi::device_free(self.ptr) };
+            self.ctx.record_err(r);
+        }
+    }
+}
+
+// SAFETY: `device_ptr()` is a device address of `len()` bytes owned by this
+// value until drop; there is no host pointer.
+unsafe impl MemoryRegion for DeviceMemory {
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Device
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn alignment(&self) -> u64 {
+        // cuMemAlloc aligns to at least 256 bytes.
+        256
+    }
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        None
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        (self.ptr != 0).then_some(self.ptr)
+    }
+}
+
+/// Page-locked host memory mapped for the device, from
+/// `cuMemHostAlloc(DEVICEMAP | PORTABLE)`; zeroed at allocation.
+pub struct PinnedMemory {
+    host: NonNull<u8>,
+    device: u64,
+    len: u64,
+    /// Declared last: dropped after `Drop::drop` freed the memory.
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the memory is owned by this value and reachable from any thread;
+// concurrent access follows the MemoryRegion contract (callers synchronise).
+unsafe impl Send for PinnedMemory {}
+// SAFETY: see Send; `&PinnedMemory` hands out only raw pointers.
+unsafe impl Sync for PinnedMemory {}
+
+impl std::fmt::Debug for PinnedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedMemory")
+            .field("host", &self.host)
+            .field("device", &format_args!("{:#x}", self.device))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl PinnedMemory {
+    pub(crate) fn alloc(ctx: &Arc<CudaContext>, bytes: u64) -> Result<Self> {
+        let n = to_usize(bytes, "pinned allocation")?;
+        if n == 0 {
+            return Err(Error::InvalidArgument("pinned allocation of zero bytes".into()));
+        }
+        ctx.bind_to_thread()?;
+        // SAFETY: the driver was probed and the context is current.
+        let p = unsafe { ffi::host_alloc_mapped(n) }?;
+        let Some(host) = NonNull::new(p) else {
+            return Err(Error::InvalidArgument("cuMemHostAlloc returned a null pointer".into()));
+        };
+        // Build the value first so an error below frees the memory.
+        let mut mem = PinnedMemory { host, device: 0, len: bytes, ctx: ctx.clone() };
+        // SAFETY: `host` points to `n` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(host.as_ptr(), 0, n) };
+        // SAFETY: `host` is mapped memory from host_alloc_mapped; context current.
+        mem.device = unsafe { ffi::host_device_ptr(host.as_ptr()) }?;
+        Ok(mem)
+    }
+
+    /// Device address of the first byte.
+    pub fn device_addr(&self) -> u64 {
+        self.device
+    }
+}
+
+impl Drop for PinnedMemory {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the pointer came from host_alloc_mapped and is freed
+            // exactly once, here.
+            let r = unsafe { ffi::host_free(self.host.as_ptr()) };
+            self.ctx.record_err(r);
+        }
+    }
+}
+
+// SAFETY: `host` points to `len` readable and writable bytes, page-aligned
+// (alignment() reports the actual alignment), and `device` is the device
+// address of the same bytes; both live until drop.
+unsafe impl MemoryRegion for PinnedMemory {
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Pinned
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn alignment(&self) -> u64 {
+        alignment_of(self.host.as_ptr() as u64)
+    }
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        Some(self.host)
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.device)
+    }
+}
+
+/// A host region page-locked and mapped for the device in place
+/// (`cuMemHostRegister` with DEVICEMAP | PORTABLE). The wrapped region keeps
+/// its kind and name; the device pointer addresses the same bytes, so a
+/// kernel reads what other processes write there, with no copy.
+///
+/// Registration needs memory the kernel can pin: anonymous or shared
+/// (`/dev/shm`) mappings work; some file-backed mappings are refused by the
+/// driver, which is reported as an error.
+pub struct RegisteredRegion<R: MemoryRegion> {
+    /// Unregistered in `Drop::drop`, before this field is dropped.
+    inner: R,
+    host: NonNull<u8>,
+    device: u64,
+    /// Declared last: outlives both the registration and `inner`.
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: `inner` is Send + Sync (MemoryRegion's supertraits); the raw
+// pointer is derived from it and the device address is plain data.
+unsafe impl<R: MemoryRegion> Send for RegisteredRegion<R> {}
+// SAFETY: see Send.
+unsafe impl<R: MemoryRegion> Sync for RegisteredRegion<R> {}
+
+impl<R: MemoryRegion> std::fmt::Debug for RegisteredRegion<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredRegion")
+            .field("kind", &self.inner.kind())
+            .field("name", &self.inner.name())
+            .field("len", &self.inner.len())
+            .field("device", &format_args!("{:#x}", self.device))
+            .finish()
+    }
+}
+
+impl<R: MemoryRegion> RegisteredRegion<R> {
+    pub(crate) fn register(ctx: &Arc<CudaContext>, region: R) -> Result<Self> {
+        let host = region
+            .host_ptr()
+            .ok_or_else(|| Error::InvalidArgument("only host-addressable regions can be registered".into()))?;
+        if region.device_ptr().is_some() {
+            return Err(Error::InvalidArgument("region is already mapped for a device".into()));
+        }
+        let n = to_usize(region.len(), "registration")?;
+        if n == 0 {
+            return Err(Error::InvalidArgument("cannot register an empty region".into()));
+        }
+        ctx.bind_to_thread()?;
+        // SAFETY: `host` points to `n` bytes that live as long as `region`,
+        // which the returned value owns and drops only after unregistering;
+        // the context is current.
+        unsafe { ffi::host_register(host.as_ptr(), n) }?;
+        // SAFETY: the range was just registered; context current.
+        let device = match unsafe { ffi::host_device_ptr(host.as_ptr()) } {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: registered just above, unregistered once here.
+                let _ = unsafe { ffi::host_unregister(host.as_ptr()) };
+                return Err(e.into());
+            }
+        };
+        Ok(RegisteredRegion { inner: region, host, device, ctx: ctx.clone() })
+    }
+
+    /// The wrapped region.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// Device address of the first byte.
+    pub fn device_addr(&self) -> u64 {
+        self.device
+    }
+}
+
+impl<R: MemoryRegion> Drop for RegisteredRegion<R> {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `host` is the start of the range registered in
+            // `register`, unregistered exactly once, here, while `inner`
+            // (the memory) is still alive.
+            let r = unsafe { ffi::host_unregister(self.host.as_ptr()) };
+            self.ctx.record_err(r);
+        }
+    }
+}
+
+// SAFETY: host pointer, length, alignment and name are the wrapped region's
+// (which keeps its own promises); `device` maps the same `len()` bytes for
+// as long as this value lives.
+unsafe impl<R: MemoryRegion> MemoryRegion for RegisteredRegion<R> {
+    fn kind(&self) -> MemoryKind {
+        self.inner.kind()
+    }
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn alignment(&self) -> u64 {
+        self.inner.alignment()
+    }
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        Some(self.host)
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        Some(self.device)
+    }
+    fn name(&self) -> Option<&str> {
+        self.inner.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::alignment_of;
+
+    #[test]
+    fn alignment_is_the_lowest_set_bit_capped_at_a_page() {
+        assert_eq!(alignment_of(0x1000_0000), 4096);
+        assert_eq!(alignment_of(0x1000_0040), 64);
+        assert_eq!(alignment_of(0x1000_0001), 1);
+    }
+}

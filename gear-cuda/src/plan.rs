@@ -1,0 +1,250 @@
+//! Host-side launch plans: the argument tables and grid sizes the kernels
+//! get. Pure functions with no CUDA calls, shared by the real launches and by
+//! the CPU-shim tests (which run the same kernels compiled with g++), so the
+//! tests check exactly what the device receives. Hidden from the docs: an
+//! implementation detail that is public only for those tests.
+
+use gear_core::{BatchLayout, Error, GatherRow, Layout, Result};
+
+/// Threads per block of every launch.
+pub const BLOCK: u32 = 256;
+
+/// Bytes one block of a gather task moves before another block (grid y) is
+/// given to the same task.
+pub const BYTES_PER_BLOCK: u64 = 32 * 1024;
+
+/// Most blocks sharing one gather task.
+pub const MAX_BLOCKS_PER_TASK: u64 = 64;
+
+/// Most blocks in grid x.
+pub const MAX_GRID_X: u64 = 1 << 20;
+
+/// Blocks for a 1-D grid-stride launch over `items` items.
+pub fn grid_1d(items: u64) -> u32 {
+    items.div_ceil(u64::from(BLOCK)).clamp(1, MAX_GRID_X) as u32
+}
+
+/// Everything `gear_gather` needs, as one word table plus scalars.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatherPlan {
+    /// `[row_src; rows] ++ [row_len; rows] ++ [col_off, step_bytes, dst; ncols]`.
+    pub words: Vec<u64>,
+    /// Rows in the batch.
+    pub rows: u64,
+    /// Requested columns.
+    pub ncols: u64,
+    /// Window offset.
+    pub w_offset: i64,
+    /// Window length.
+    pub w_len: u64,
+    /// 1 for head padding, 0 for tail.
+    pub pad_head: u32,
+    /// Grid (x, y); x strides over the tasks, y splits one task's bytes.
+    pub grid: (u32, u32),
+    /// Valid lengths, computed with `WindowSpec::resolve` (what the kernel
+    /// must also write).
+    pub lengths: Vec<u64>,
+    /// Rows served from a device cache.
+    pub cached_rows: usize,
+}
+
+impl GatherPlan {
+    /// Word index of the row-length table.
+    pub fn row_len_at(&self) -> usize {
+        self.rows as usize
+    }
+
+    /// Word index of the column table.
+    pub fn cols_at(&self) -> usize {
+        2 * self.rows as usize
+    }
+
+    /// Whether there is nothing to launch (no rows).
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+}
+
+/// Builds the gather plan. `data_base` is the device address of the table's
+/// data area (slot `i` starts at `data_base + i * stride`); `dst_bases[i]`
+/// the device address of requested column `i`'s batch buffer; `cached[r]`,
+/// when given and `Some`, the device address of row `r`'s slot copy in a
+/// cache (same layout as a table slot). Validates everything the kernel
+/// relies on: slot in range, stored length at most `T`, batch layout made
+/// for this table layout.
+pub fn plan_gather(
+    layout: &Layout,
+    batch: &BatchLayout,
+    rows: &[GatherRow],
+    data_base: u64,
+    dst_bases: &[u64],
+    cached: &[Option<u64>],
+) -> Result<GatherPlan> {
+    batch.window.validate(layout.max_len())?;
+    if rows.len() != batch.rows {
+        return Err(Error::InvalidWindow(format!(
+            "batch was laid out for {} rows, {} rows given",
+            batch.rows,
+            rows.len()
+        )));
+    }
+    if dst_bases.len() != batch.columns.len() {
+        return Err(Error::InvalidWindow(format!(
+            "{} column buffers for {} requested columns",
+            dst_bases.len(),
+            batch.columns.len()
+        )));
+    }
+    if !cached.is_empty() && cached.len() != rows.len() {
+        return Err(Error::InvalidWindow(format!("{} cache entries for {} rows", cached.len(), rows.len())));
+    }
+    let mut words = Vec::with_capacity(2 * rows.len() + 3 * batch.columns.len());
+    let mut cached_rows = 0;
+    for (r, row) in rows.iter().enumerate() {
+        layout.check_slot(u64::from(row.slot))?;
+        match cached.get(r).copied().flatten() {
+            Some(base) => {
+                cached_rows += 1;
+                words.push(base);
+            }
+            None => words.push(data_base + u64::from(row.slot) * layout.slot_stride()),
+        }
+    }
+    let mut lengths = Vec::with_capacity(rows.len());
+    for (r, row) in rows.iter().enumerate() {
+        if row.len > layout.max_len() {
+            return Err(Error::InvalidWindow(format!(
+                "row {r} (slot {}): stored length {} exceeds the table's maximum {}",
+                row.slot,
+                row.len,
+                layout.max_len()
+            )));
+        }
+        words.push(row.len);
+        lengths.push(batch.window.resolve(row.len).steps);
+    }
+    let mut max_row_bytes = 0;
+    for (i, (&c, &s)) in batch.columns.iter().zip(&batch.step_bytes).enumerate() {
+        if c >= layout.columns() {
+            return Err(Error::ColumnIndex { index: c, count: layout.columns() });
+        }
+        if layout.step_bytes(c) != s {
+            return Err(Error::InvalidWindow(format!(
+                "batch column {i} (table column {c}) has {s} bytes per step, the table {}",
+                layout.step_bytes(c)
+            )));
+        }
+        words.push(layout.offset(0, c, 0));
+        words.push(s);
+        words.push(dst_bases[i]);
+        max_row_bytes = max_row_bytes.max(batch.row_bytes(i));
+    }
+    let tasks = rows.len() as u64 * batch.columns.len() as u64;
+    let grid_x = tasks.clamp(1, MAX_GRID_X) as u32;
+    let grid_y = max_row_bytes.div_ceil(BYTES_PER_BLOCK).clamp(1, MAX_BLOCKS_PER_TASK) as u32;
+    Ok(GatherPlan {
+        words,
+        rows: rows.len() as u64,
+        ncols: batch.columns.len() as u64,
+        w_offset: batch.window.offset,
+        w_len: batch.window.len,
+        pad_head: u32::from(batch.window.pad == gear_core::Pad::Head),
+        grid: (grid_x, grid_y),
+        lengths,
+        cached_rows,
+    })
+}
+
+/// Chunking of the prefix-sum passes over `n` priorities: (chunk length,
+/// chunks). At most 4096 chunks, so the one-thread scan stays short.
+pub fn prio_chunks(n: u64) -> (u64, u64) {
+    const MAX_CHUNKS: u64 = 4096;
+    if n == 0 {
+        return (1, 0);
+    }
+    let nchunks = n.min(MAX_CHUNKS);
+    let chunk_len = n.div_ceil(nchunks);
+    (chunk_len, n.div_ceil(chunk_len))
+}
+
+/// Chunking of the top-k passes over `n` priorities for `k` results:
+/// (chunk length, chunks). Chunks of at least `4k` items (so each list is
+/// a small part of its chunk), at most 256 chunks (so the merge's
+/// chunks x candidates x log k work stays bounded).
+pub fn topk_chunks(n: u64, k: u64) -> (u64, u64) {
+    if n == 0 {
+        return (1, 0);
+    }
+    let nchunks = (n / (4 * k.max(1))).clamp(1, 256);
+    let chunk_len = n.div_ceil(nchunks);
+    (chunk_len, n.div_ceil(chunk_len))
+}
+
+/// Resolves duplicate indices in a batch of priority updates: keeps the
+/// last occurrence of each index (what a sequential loop of writes leaves),
+/// ordered by the position of that last occurrence. The scatter kernel then
+/// writes each index once.
+pub fn last_write_wins(updates: &[(u32, f64)]) -> Vec<(u32, f64)> {
+    let mut last = std::collections::HashMap::with_capacity(updates.len());
+    for (i, &(slot, _)) in updates.iter().enumerate() {
+        last.insert(slot, i);
+    }
+    updates.iter().enumerate().filter(|&(i, &(slot, _))| last[&slot] == i).map(|(_, &u)| u).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gear_core::{ColumnSpec, DType, TableSpec, WindowSpec};
+
+    fn layout() -> Layout {
+        let spec =
+            TableSpec::new(vec![ColumnSpec::new("a", DType::U8, [3]), ColumnSpec::new("b", DType::F32, [4])], 10, 4)
+                .unwrap();
+        Layout::new(&spec).unwrap()
+    }
+
+    #[test]
+    fn plan_tables_follow_the_layout() {
+        let l = layout();
+        let b = BatchLayout::new(&l, &[1, 0], 2, WindowSpec::last(4)).unwrap();
+        let rows = [GatherRow { slot: 3, len: 10 }, GatherRow { slot: 1, len: 2 }];
+        let p = plan_gather(&l, &b, &rows, 1000, &[7, 9], &[None, Some(55)]).unwrap();
+        let stride = l.slot_stride();
+        assert_eq!(p.words[..2], [1000 + 3 * stride, 55]);
+        assert_eq!(p.words[2..4], [10, 2]);
+        assert_eq!(p.words[4..], [l.offset(0, 1, 0), 16, 7, 0, 3, 9]);
+        assert_eq!(p.lengths, vec![4, 2]);
+        assert_eq!((p.cached_rows, p.pad_head, p.grid), (1, 1, (4, 1)));
+    }
+
+    #[test]
+    fn plan_refuses_what_the_kernel_cannot_check() {
+        let l = layout();
+        let b = BatchLayout::new(&l, &[0], 1, WindowSpec::first(3)).unwrap();
+        let bad_slot = plan_gather(&l, &b, &[GatherRow { slot: 4, len: 1 }], 0, &[0], &[]);
+        assert!(matches!(bad_slot, Err(Error::SlotOutOfRange { .. })));
+        let too_long = plan_gather(&l, &b, &[GatherRow { slot: 0, len: 11 }], 0, &[0], &[]).unwrap_err();
+        assert!(too_long.to_string().contains("exceeds"), "{too_long}");
+        let wrong_rows = plan_gather(&l, &b, &[], 0, &[0], &[]).unwrap_err();
+        assert!(wrong_rows.to_string().contains("1 rows"), "{wrong_rows}");
+    }
+
+    #[test]
+    fn duplicates_keep_the_last_write() {
+        let u = [(1, 1.0), (2, 2.0), (1, 3.0), (3, 4.0), (2, 5.0)];
+        assert_eq!(last_write_wins(&u), vec![(1, 3.0), (3, 4.0), (2, 5.0)]);
+    }
+
+    #[test]
+    fn chunkings_cover_every_item() {
+        for n in [1u64, 2, 7, 4096, 4097, 1_000_003] {
+            let (len, c) = prio_chunks(n);
+            assert!(len * c >= n && len * (c - 1) < n && c <= 4096, "{n}");
+            for k in [1u64, 5, 300] {
+                let (len, c) = topk_chunks(n, k);
+                assert!(len * c >= n && len * (c - 1) < n && c <= 256, "{n} {k}");
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Tests that need a CUDA device. Without one (or without NVRTC) each test
+//! prints "skipped: no CUDA device" and passes, unless GEAR_REQUIRE_GPU=1,
+//! where a skip fails. None of these has run on real hardware yet; see
+//! gear-cuda/README.md for running them on a GPU machine.
+
+mod common;
+
+use gear_core::{
+    BatchLayout, Collector, ColumnSpec, DType, GatherRow, MemoryKind, MemoryRegion, Pad, RandomSource, Sampled,
+    Selector, TableRegion, TableSpec, WindowSpec, Xoshiro256,
+};
+use gear_cuda::{CudaCollector, CudaDevice, CudaPrioritized, CudaTopK, DeviceCache};
+use std::sync::Arc;
+
+fn spec() -> TableSpec {
+    TableSpec::new(
+        vec![
+            ColumnSpec::new("obs", DType::U8, [37]),
+            ColumnSpec::new("act", DType::F32, [4]),
+            ColumnSpec::new("rew", DType::F64, []),
+        ],
+        24,
+        16,
+    )
+    .unwrap()
+}
+
+fn pinned_table(dev: &CudaDevice, spec: &TableSpec) -> TableRegion<gear_cuda::PinnedMemory> {
+    let bytes = gear_core::RegionLayout::for_spec(spec).unwrap().total_bytes;
+    TableRegion::create(dev.alloc_pinned(bytes).unwrap(), spec).unwrap()
+}
+
+fn random_rows(rng: &mut Xoshiro256, n: usize, capacity: u64, max_len: u64) -> Vec<GatherRow> {
+    (0..n).map(|_| GatherRow { slot: rng.below(capacity) as u32, len: rng.below(max_len + 1) }).collect()
+}
+
+fn check_batch(
+    batch: &gear_cuda::CudaBatch,
+    layout: &gear_core::Layout,
+    data: &[u8],
+    bl: &BatchLayout,
+    rows: &[GatherRow],
+    what: &str,
+) {
+    let (want_cols, want_len) = common::gather_reference(layout, data, bl, rows);
+    assert_eq!(batch.lengths(), &want_len[..], "{what}: host lengths");
+    assert_eq!(batch.lengths_from_device().unwrap(), want_len, "{what}: device lengths");
+    for (i, want) in want_cols.iter().enumerate() {
+        assert!(batch.column_to_host(i).unwrap() == *want, "{what}: column {i} differs from the CPU reference");
+    }
+}
+
+#[test]
+fn device_and_pinned_memory_round_trip() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let m = dev.alloc(1000).unwrap();
+    assert_eq!((m.kind(), m.len(), m.host_ptr().is_none()), (MemoryKind::Device, 1000, true));
+    let data: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+    m.write(0, &data).unwrap();
+    assert_eq!(m.to_vec().unwrap(), data);
+    assert!(m.write(990, &data[..20]).is_err(), "out-of-range write is refused");
+    let z = dev.alloc_zeroed(4097).unwrap();
+    assert!(z.to_vec().unwrap().iter().all(|&b| b == 0));
+    let p = dev.alloc_pinned(1 << 20).unwrap();
+    assert_eq!(p.kind(), MemoryKind::Pinned);
+    assert!(p.host_ptr().is_some() && p.device_ptr().is_some());
+    assert!(p.alignment() >= 64);
+    assert!(dev.alloc(0).unwrap().device_ptr().is_none());
+}
+
+#[test]
+fn zero_copy_gather_matches_the_reference_byte_for_byte() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let spec = spec();
+    let table = pinned_table(&dev, &spec);
+    let data = common::fill_table(&table, 1);
+    let collector = CudaCollector::new(&dev);
+    let mut rng = Xoshiro256::seed_from_u64(2);
+    for case in 0..50 {
+        let t = spec.max_len();
+        let window = WindowSpec {
+            offset: rng.below(2 * t + 7) as i64 - (t as i64 + 3),
+            len: 1 + rng.below(t),
+            pad: if rng.below(2) == 0 { Pad::Head } else { Pad::Tail },
+        };
+        let cols: Vec<usize> = (0..1 + rng.below(4)).map(|_| rng.below(3) as usize).collect();
+        let nrows = rng.below(40) as usize;
+        let rows = random_rows(&mut rng, nrows, spec.capacity(), t);
+        let bl = BatchLayout::new(table.layout(), &cols, rows.len(), window).unwrap();
+        let mut batch = collector.alloc_batch(&bl).unwrap();
+        collector.gather(&table.view(), &rows, &bl, &mut batch).unwrap();
+        check_batch(&batch, table.layout(), &data, &bl, &rows, &format!("case {case}"));
+    }
+}
+
+#[test]
+fn registered_shared_region_is_read_in_place() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let spec = spec();
+    let bytes = gear_core::RegionLayout::for_spec(&spec).unwrap().total_bytes as usize;
+    let shm = common::SharedMapping::new(bytes);
+    let reg = dev.register(shm).unwrap();
+    assert_eq!(reg.kind(), MemoryKind::Shared, "a registered region keeps its kind");
+    assert_eq!(reg.name(), Some("test-shared-mapping"));
+    assert!(reg.device_ptr().is_some());
+    let table = TableRegion::create(reg, &spec).unwrap();
+    let collector = CudaCollector::new(&dev);
+    let rows = vec![GatherRow { slot: 3, len: 24 }, GatherRow { slot: 3, len: 7 }, GatherRow { slot: 0, len: 24 }];
+    let bl = BatchLayout::new(table.layout(), &[0, 2], rows.len(), WindowSpec::last(8)).unwrap();
+    let mut batch = collector.alloc(&bl).unwrap();
+    for round in 0..2 {
+        // A write on the host after registration is what the next gather
+        // sees: nothing was copied at registration.
+        let data = common::fill_table(&table, 10 + round);
+        collector.gather_into(&table.view(), &rows, &mut batch).unwrap();
+        check_batch(&batch, table.layout(), &data, &bl, &rows, &format!("round {round}"));
+    }
+    // Dropping unregisters before unmapping; registering fresh memory of the
+    // same size works again.
+    drop(batch);
+    drop(table);
+    let again = dev.register(common::SharedMapping::new(bytes)).unwrap();
+    assert!(again.device_ptr().is_some());
+}
+
+#[test]
+fn device_cache_serves_hot_rows_in_the_same_launch() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let spec = spec();
+    let table = Arc::new(pinned_table(&dev, &spec));
+    let mut data = common::fill_table(&table, 3);
+    let keys = common::commit_all(&table);
+    let cache = Arc::new(DeviceCache::new(&dev, table.clone(), 4).unwrap());
+    for k in &keys[..6] {
+        cache.insert(*k).unwrap();
+    }
+    assert_eq!(cache.keys(), keys[2..6].to_vec(), "FIFO keeps the 4 most recent inserts");
+    let collector = CudaCollector::new(&dev).with_cache(cache.clone()).unwrap();
+    let rows: Vec<GatherRow> = [2u32, 9, 5, 5, 0, 3].iter().map(|&slot| GatherRow { slot, len: 20 }).collect();
+    let bl = BatchLayout::new(table.layout(), &[1, 0], rows.len(), WindowSpec::last(12)).unwrap();
+    let mut batch = collector.alloc(&bl).unwrap();
+    collector.gather_into(&table.view(), &rows, &mut batch).unwrap();
+    assert_eq!(batch.cached_rows(), 4, "slots 2, 5, 5, 3 come from the cache");
+    check_batch(&batch, table.layout(), &data, &bl, &rows, "mixed cache/zero-copy");
+
+    // Reuse slot 5 with new bytes: the stale cache entry must not be served.
+    let rec = table.slot(5).unwrap();
+    rec.free(keys[5]).unwrap();
+    let k5 = rec.begin_write(5, 2, 100, 1.0).unwrap();
+    let fresh = vec![0x5au8; (spec.max_len() * table.layout().step_bytes(0)) as usize];
+    table.write_steps(k5, 0, 0, &fresh).unwrap();
+    let off = table.layout().offset(5, 0, 0) as usize;
+    data[off..off + fresh.len()].copy_from_slice(&fresh);
+    rec.publish_len(k5, spec.max_len()).unwrap();
+    collector.gather_into(&table.view(), &rows, &mut batch).unwrap();
+    assert_eq!(batch.cached_rows(), 2, "the reused slot is read zero-copy");
+    check_batch(&batch, table.layout(), &data, &bl, &rows, "after slot reuse");
+    assert!(cache.insert(keys[5]).is_err(), "a stale key cannot be cached");
+    assert_eq!(cache.retain_current(), 1);
+}
+
+#[test]
+fn a_trainer_stream_waits_on_the_batch_event() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let spec = spec();
+    let table = pinned_table(&dev, &spec);
+    let data = common::fill_table(&table, 4);
+    let gather_stream = dev.new_stream().unwrap();
+    let trainer = dev.new_stream().unwrap();
+    let collector = CudaCollector::new(&dev).on_stream(gather_stream).unwrap();
+    let rows = random_rows(&mut Xoshiro256::seed_from_u64(5), 64, spec.capacity(), spec.max_len());
+    let bl = BatchLayout::new(table.layout(), &[0], rows.len(), WindowSpec::last(16)).unwrap();
+    let mut batch = collector.alloc(&bl).unwrap();
+    let copy = dev.alloc(bl.column_bytes(0)).unwrap();
+    for _ in 0..3 {
+        collector.gather_into(&table.view(), &rows, &mut batch).unwrap();
+        batch.wait_on(&trainer).unwrap();
+        copy.copy_from_async(0, batch.column(0).unwrap(), 0, bl.column_bytes(0), &trainer).unwrap();
+        trainer.synchronize().unwrap();
+        let (want, _) = common::gather_reference(table.layout(), &data, &bl, &rows);
+        assert!(copy.to_vec().unwrap() == want[0], "the trainer stream saw an incomplete batch");
+        assert!(batch.is_ready().unwrap());
+    }
+}
+
+fn sample_keys(s: &mut dyn Selector, n: usize, seed: u64) -> Vec<Sampled> {
+    let mut out = Vec::new();
+    s.sample(n, &mut Xoshiro256::seed_from_u64(seed), &mut out).unwrap();
+    out
+}
+
+#[test]
+fn prioritized_draws_follow_the_priorities() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let prios = [4.0, 1.0, 0.0, 0.5, 2.0, 8.0, 0.25, 3.0, 1.5, 6.0];
+    for (alpha, stratified) in [(1.0, false), (0.6, true)] {
+        let mut s = CudaPrioritized::new(&dev, alpha, 0.4).unwrap().stratified(stratified);
+        s.prepare(32).unwrap();
+        let keys: Vec<_> = prios
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let key = gear_core::SlotKey { slot: 3 * i as u32, generation: 7 };
+                s.insert(key, Some(p)).unwrap();
+                key
+            })
+            .collect();
+        let w: Vec<f64> = prios.iter().map(|&p: &f64| p.powf(alpha)).collect();
+        let total: f64 = w.iter().sum();
+        let p: Vec<f64> = w.iter().map(|x| x / total).collect();
+        let mut counts = vec![0u64; prios.len()];
+        for round in 0..20 {
+            for d in sample_keys(&mut s, 10_000, round) {
+                let i = keys.iter().position(|&k| k == d.key).expect("a held key");
+                counts[i] += 1;
+                assert!((d.probability - p[i]).abs() < 1e-12);
+                let wmin = w.iter().copied().filter(|&x| x > 0.0).fold(f64::INFINITY, f64::min);
+                assert!((d.weight - (wmin / w[i]).powf(0.4)).abs() < 1e-9);
+            }
+        }
+        let dof = p.iter().filter(|&&x| x > 0.0).count() - 1;
+        let chi = common::chi_square(&counts, &p);
+        assert!(chi < common::chi_square_bound(dof), "alpha {alpha}: chi2 {chi} {counts:?}");
+        assert_eq!(sample_keys(&mut s, 100, 9), sample_keys(&mut s, 100, 9), "a seed fixes the draws");
+    }
+}
+
+#[test]
+fn updates_are_batched_with_last_write_wins() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let mut s = CudaPrioritized::new(&dev, 1.0, 0.0).unwrap();
+    s.prepare(8).unwrap();
+    let a = gear_core::SlotKey { slot: 1, generation: 1 };
+    let b = gear_core::SlotKey { slot: 2, generation: 1 };
+    assert_eq!(s.insert(a, None).unwrap(), 1.0, "first item gets the default max priority");
+    s.insert(b, Some(5.0)).unwrap();
+    s.update(a, 3.0).unwrap();
+    s.update(a, 0.0).unwrap();
+    assert!(s.update(gear_core::SlotKey { slot: 1, generation: 0 }, 1.0).is_err(), "stale key");
+    let host = s.priorities().unwrap().to_host().unwrap();
+    assert_eq!((host[1], host[2], host[0]), (0.0, 5.0, -1.0));
+    assert!(sample_keys(&mut s, 1000, 1).iter().all(|d| d.key == b), "a zero priority is never drawn");
+    s.remove(b).unwrap();
+    let uniform = sample_keys(&mut s, 10, 2);
+    assert!(uniform.iter().all(|d| d.key == a && d.probability == 1.0), "all-zero weights fall back to uniform");
+}
+
+#[test]
+fn top_k_selector_returns_the_best_first() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let mut s = CudaTopK::new(&dev).unwrap();
+    s.prepare(5000).unwrap();
+    let mut rng = Xoshiro256::seed_from_u64(8);
+    let mut held = Vec::new();
+    for slot in (0..5000).step_by(3) {
+        let key = gear_core::SlotKey { slot, generation: 1 };
+        let p = rng.below(50) as f64;
+        s.insert(key, Some(p)).unwrap();
+        held.push((key, p));
+    }
+    held.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.slot.cmp(&y.0.slot)));
+    let got = sample_keys(&mut s, 100, 0);
+    let want: Vec<_> = held[..100].iter().map(|x| x.0).collect();
+    assert_eq!(got.iter().map(|d| d.key).collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn every_kernel_loads_on_this_device() {
+    let Some(dev) = common::device_or_skip() else { return };
+    dev.warm_up().unwrap();
+    println!("{dev:?}");
+}
+
+#[test]
+fn bench_runs_and_both_gathers_agree() {
+    let Some(_) = common::device_or_skip() else { return };
+    let params = gear_cuda::bench::CudaBenchParams {
+        step_bytes: vec![4096, 12, 3],
+        max_len: 32,
+        capacity: 64,
+        batch: 32,
+        window: 16,
+        iters: 3,
+        warmup: 1,
+        ..Default::default()
+    };
+    let report = gear_cuda::bench::run_bench(&params).unwrap();
+    println!("{report}");
+    assert!(report.outputs_match);
+    assert!(report.zero_copy.gb_per_s > 0.0 && report.device_cache.gb_per_s > 0.0);
+}

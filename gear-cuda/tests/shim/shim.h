@@ -1,0 +1,37 @@
+// Host shim: lets g++ compile the kernel sources in gear-cuda/kernels as
+// plain C++ so their per-thread logic can be checked on a machine without a
+// GPU. Built-in index variables become globals that gear_launch sets in
+// nested loops, one simulated thread at a time. That is only faithful for
+// kernels without block-level synchronisation, shared memory or atomics,
+// which is a rule for every kernel in this crate (see common.cuh).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+
+struct gear_dim3 {
+    unsigned int x, y, z;
+};
+static gear_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+using std::pow;
+
+// Runs `body` once per (block, thread) of the grid, in order.
+template <typename F>
+static void gear_launch(gear_dim3 grid, gear_dim3 block, F body) {
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx)
+                for (unsigned tz = 0; tz < block.z; ++tz)
+                    for (unsigned ty = 0; ty < block.y; ++ty)
+                        for (unsigned tx = 0; tx < block.x; ++tx) {
+                            blockIdx = {bx, by, bz};
+                            threadIdx = {tx, ty, tz};
+                            body();
+                        }
+}
