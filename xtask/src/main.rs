@@ -1,1 +1,102 @@
-fn main() {}
+//! `cargo xtask <command>`: repository tasks for GEAR-rs.
+//!
+//! * `bench [--quick]`: builds `gear` in release mode, runs `gear bench
+//!   --json` over the standard workloads and writes a Markdown table to
+//!   stdout and `target/bench.md`.
+//! * `gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]`: packs
+//!   gear-cuda's test and bench binaries into a folder a GPU machine without
+//!   cargo can run (`run.sh`), and runs it when a GPU is present.
+
+mod gpu_test;
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("bench") => bench(&args[1..]),
+        Some("gpu-test") => gpu_test::run(&args[1..]),
+        Some("help") | Some("--help") | None => {
+            println!(
+                "cargo xtask <command>\n\ncommands:\n  bench [--quick]   run gear bench over the standard workloads, \
+                 write target/bench.md\n  {}",
+                gpu_test::USAGE
+            );
+            Ok(())
+        }
+        Some(other) => bail!("unknown xtask command `{other}` (try `cargo xtask help`)"),
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// (name, gear bench arguments)
+fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
+    let scale: &[&str] = if quick { &["--inserts", "512", "--batches", "50"] } else { &[] };
+    let mut w = vec![
+        ("default, uniform", vec!["--sampler", "uniform"]),
+        ("default, prioritized", vec!["--sampler", "prioritized"]),
+        (
+            "windows 64 of 1000 steps",
+            vec![
+                "--steps",
+                "1000",
+                "--capacity",
+                "256",
+                "--inserts",
+                "512",
+                "--window-len",
+                "64",
+                "--window-offset",
+                "-64",
+            ],
+        ),
+    ];
+    for (_, a) in &mut w {
+        a.extend_from_slice(scale);
+    }
+    w
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let root = root();
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--bin", "gear"])
+        .current_dir(&root)
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build --release --bin gear failed");
+    }
+    let gear = root.join("target/release/gear");
+    let mut table = String::from(
+        "| workload | insert GB/s | insert / memcpy | sample GB/s | sample / memcpy | memcpy GB/s | sample traj/s |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for (name, extra) in workloads(quick) {
+        eprintln!("xtask bench: {name}");
+        let out = Command::new(&gear).arg("bench").arg("--json").args(&extra).output().context("running gear bench")?;
+        if !out.status.success() {
+            bail!("gear bench {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing gear bench --json")?;
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        table += &format!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
+            f("insert_gb_per_s"),
+            f("insert_vs_memcpy"),
+            f("sample_gb_per_s"),
+            f("sample_vs_memcpy"),
+            f("memcpy_gb_per_s"),
+            f("sample_traj_per_s")
+        );
+    }
+    print!("{table}");
+    std::fs::write(root.join("target/bench.md"), &table).context("writing target/bench.md")?;
+    Ok(())
+}
