@@ -1,0 +1,72 @@
+//! The error type of gear-api. Backend errors are boxed so this enum needs
+//! no cfg-gated variants (candle's `Error::Cuda(Box<..>)` pattern).
+
+use std::time::Duration;
+
+/// Result alias for gear-api.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the public API can refuse.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Specs, keys, steps, windows and priorities (from gear-core).
+    #[error(transparent)]
+    Core(#[from] gear_core::Error),
+    /// A backend (CPU pools and collector, CUDA, RDMA) failed.
+    #[error("backend: {0}")]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
+    /// A wait ran out.
+    #[error("timed out after {waited:?} waiting to {op}")]
+    Timeout {
+        /// What was being waited for.
+        op: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+    /// The table was closed while or before waiting.
+    #[error("table is closed")]
+    Closed,
+    /// The process that created the shared table is gone.
+    #[error("the server process of shared table `{name}` is gone")]
+    ServerGone {
+        /// The table's name.
+        name: String,
+    },
+    /// No slot can be had: every slot holds a trajectory still being written.
+    #[error("table is full: all {capacity} slots hold trajectories still being written")]
+    TableFull {
+        /// Table capacity.
+        capacity: u64,
+    },
+    /// A builder or sampler configuration that cannot work.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A trajectory writer used in a way its protocol does not allow.
+    #[error("trajectory: {0}")]
+    Trajectory(String),
+    /// Sampled data that does not hold what was written.
+    #[error("sampled data failed its integrity check: {0}")]
+    Integrity(String),
+    /// Sampled rows kept being overwritten by writers while copying.
+    #[error("sampled rows were overwritten while copying {attempts} times in a row; the table is evicting faster than it can be read")]
+    Torn {
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+impl From<gear_cpu::Error> for Error {
+    fn from(e: gear_cpu::Error) -> Self {
+        match e {
+            gear_cpu::Error::Core(c) => Error::Core(c),
+            other => Error::Backend(Box::new(other)),
+        }
+    }
+}
+
+impl From<gear_sampler::Error> for Error {
+    fn from(e: gear_sampler::Error) -> Self {
+        Error::Config(e.to_string())
+    }
+}

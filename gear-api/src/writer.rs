@@ -1,0 +1,270 @@
+//! Actors write trajectories: begin, append steps (all columns at once or
+//! column by column), end. Every step is checked against the spec before a
+//! byte is copied, so a refused step leaves the table as it was.
+
+use crate::error::{Error, Result};
+use crate::table::ReplayTable;
+use gear_core::{as_bytes, check_priority, DType, Element, SlotKey, TableSpec};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The data of one column for one or more steps: bytes, and optionally the
+/// dtype and shape they claim to have (checked against the spec).
+#[derive(Clone, Copy, Debug)]
+pub struct StepValue<'a> {
+    bytes: &'a [u8],
+    dtype: Option<DType>,
+    shape: Option<&'a [u64]>,
+}
+
+impl<'a> StepValue<'a> {
+    /// Raw bytes; only their length is checked.
+    pub fn bytes(bytes: &'a [u8]) -> Self {
+        StepValue { bytes, dtype: None, shape: None }
+    }
+
+    /// Typed elements; the element type must match the column's dtype.
+    pub fn typed<T: Element>(values: &'a [T]) -> Self {
+        StepValue { bytes: as_bytes(values), dtype: Some(T::DTYPE), shape: None }
+    }
+
+    /// Raw bytes with an explicit dtype (for f16/bf16 bit patterns).
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        self.dtype = Some(dtype);
+        self
+    }
+
+    /// Declares the per-step shape; it must equal the column's.
+    pub fn with_shape(mut self, shape: &'a [u64]) -> Self {
+        self.shape = Some(shape);
+        self
+    }
+
+    /// Checks this value as `steps` steps of column `c`.
+    fn check(&self, spec: &TableSpec, c: usize, steps: u64) -> Result<()> {
+        let col = &spec.columns()[c];
+        if let Some(d) = self.dtype {
+            if d != col.dtype() {
+                return Err(
+                    gear_core::Error::StepDType { column: col.name().into(), got: d, expected: col.dtype() }.into()
+                );
+            }
+        }
+        if let Some(shape) = self.shape {
+            if shape != col.shape() {
+                return Err(gear_core::Error::StepShape {
+                    column: col.name().into(),
+                    got: shape.to_vec(),
+                    expected: col.shape().to_vec(),
+                }
+                .into());
+            }
+        }
+        let expected = col.step_bytes()? * steps;
+        if self.bytes.len() as u64 != expected {
+            return Err(gear_core::Error::StepSize {
+                column: col.name().into(),
+                got: self.bytes.len() as u64,
+                expected,
+            }
+            .into());
+        }
+        Ok(())
+    }
+}
+
+/// A column named by index or by name.
+pub trait ColumnId {
+    /// The column's index in `spec`.
+    fn index_in(&self, spec: &TableSpec) -> Result<usize>;
+}
+
+impl ColumnId for usize {
+    fn index_in(&self, spec: &TableSpec) -> Result<usize> {
+        if *self < spec.columns().len() {
+            Ok(*self)
+        } else {
+            Err(gear_core::Error::ColumnIndex { index: *self, count: spec.columns().len() }.into())
+        }
+    }
+}
+
+impl ColumnId for &str {
+    fn index_in(&self, spec: &TableSpec) -> Result<usize> {
+        Ok(spec.column_index(self)?)
+    }
+}
+
+/// Hands out trajectory writers. One per actor thread.
+#[derive(Clone, Debug)]
+pub struct Writer {
+    table: ReplayTable,
+    timeout: Option<Duration>,
+}
+
+impl Writer {
+    pub(crate) fn new(table: ReplayTable) -> Self {
+        Writer { table, timeout: None }
+    }
+
+    /// How long `begin` may wait for the rate limiter (default: forever).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Starts a trajectory. `priority` is used when the trajectory commits;
+    /// with `None` the sampling strategy chooses (prioritized replay gives
+    /// the largest priority seen). Waits while the rate limiter holds
+    /// writers back; takes a free slot or evicts one.
+    pub fn begin(&self, priority: Option<f64>) -> Result<Trajectory> {
+        if let Some(p) = priority {
+            check_priority(p)?;
+        }
+        let key = self.table.begin_slot(priority.unwrap_or(0.0), self.timeout)?;
+        let columns = self.table.spec().columns().len();
+        Ok(Trajectory {
+            table: self.table.clone(),
+            key,
+            priority,
+            written: vec![0; columns],
+            published: 0,
+            done: false,
+        })
+    }
+}
+
+/// A trajectory being written. Dropping it without [`Trajectory::end`]
+/// abandons it: its slot is freed and nothing else changes.
+#[derive(Debug)]
+pub struct Trajectory {
+    table: ReplayTable,
+    key: SlotKey,
+    priority: Option<f64>,
+    /// Steps written per column.
+    written: Vec<u64>,
+    /// Steps published (readable by samplers): the minimum of `written`.
+    published: u64,
+    done: bool,
+}
+
+impl Trajectory {
+    /// The key this trajectory will be stored under.
+    pub fn key(&self) -> SlotKey {
+        self.key
+    }
+
+    /// Steps complete in every column.
+    pub fn len(&self) -> u64 {
+        self.published
+    }
+
+    /// Whether no complete step was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.published == 0
+    }
+
+    /// Appends one step of every column, in spec order. All columns are
+    /// checked before any is written.
+    pub fn append_step(&mut self, values: &[StepValue<'_>]) -> Result<()> {
+        let spec = self.table.spec();
+        if values.len() != spec.columns().len() {
+            return Err(gear_core::Error::StepColumns { got: values.len(), expected: spec.columns().len() }.into());
+        }
+        for (c, v) in values.iter().enumerate() {
+            v.check(spec, c, 1)?;
+            self.check_room(c, 1)?;
+        }
+        for (c, v) in values.iter().enumerate() {
+            self.write(c, v.bytes, 1)?;
+        }
+        self.publish()
+    }
+
+    /// Appends `steps` steps of one column (`value` holds them back to
+    /// back). Steps become readable once every column has them.
+    pub fn append_column(&mut self, column: impl ColumnId, steps: u64, value: StepValue<'_>) -> Result<()> {
+        let c = column.index_in(self.table.spec())?;
+        value.check(self.table.spec(), c, steps)?;
+        self.check_room(c, steps)?;
+        self.write(c, value.bytes, steps)?;
+        self.publish()
+    }
+
+    fn check_room(&self, c: usize, steps: u64) -> Result<()> {
+        if self.done {
+            return Err(Error::Trajectory(format!("trajectory {} already ended", self.key)));
+        }
+        let spec = self.table.spec();
+        if self.written[c] + steps > spec.max_len() {
+            return Err(gear_core::Error::TrajectoryTooLong {
+                column: spec.columns()[c].name().into(),
+                max_len: spec.max_len(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, c: usize, bytes: &[u8], steps: u64) -> Result<()> {
+        let region = &self.table.shared.region;
+        region.write_steps(self.key, c, self.written[c], bytes)?;
+        self.written[c] += steps;
+        region.control().bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn publish(&mut self) -> Result<()> {
+        let complete = self.written.iter().copied().min().unwrap_or(0);
+        if complete != self.published {
+            self.table.shared.region.slot(self.key.slot)?.publish_len(self.key, complete)?;
+            if self.published == 0 {
+                // Tables that sample while writing make it selectable now.
+                if let Some(assigned) = self.table.publish_first(self.key, self.priority)? {
+                    self.priority = Some(assigned);
+                }
+            }
+            self.published = complete;
+        }
+        Ok(())
+    }
+
+    /// Commits the trajectory: it becomes selectable and its key is
+    /// returned. Every column must have the same number of steps, at least
+    /// one. On a length error nothing changes and the trajectory can be
+    /// completed and ended again.
+    pub fn end(&mut self) -> Result<SlotKey> {
+        if self.done {
+            return Err(Error::Trajectory(format!("trajectory {} already ended", self.key)));
+        }
+        let longest = self.written.iter().copied().max().unwrap_or(0);
+        if longest != self.published {
+            let spec = self.table.spec();
+            let short = self.written.iter().position(|&w| w == self.published).unwrap_or(0);
+            let long = self.written.iter().position(|&w| w == longest).unwrap_or(0);
+            return Err(Error::Trajectory(format!(
+                "column `{}` has {} steps but column `{}` has {}; every column needs the same length",
+                spec.columns()[short].name(),
+                self.published,
+                spec.columns()[long].name(),
+                longest
+            )));
+        }
+        if self.published == 0 {
+            return Err(Error::Trajectory("an empty trajectory cannot be committed".into()));
+        }
+        // Whatever commit_slot returns, the slot is no longer ours: on error
+        // it has already been given back.
+        self.done = true;
+        self.table.commit_slot(self.key, self.priority)?;
+        Ok(self.key)
+    }
+}
+
+impl Drop for Trajectory {
+    fn drop(&mut self) {
+        if !self.done {
+            self.table.abandon_slot(self.key);
+        }
+    }
+}
