@@ -14,6 +14,18 @@ pub enum MemoryKind {
     Device,
 }
 
+impl MemoryKind {
+    /// A short lowercase name for messages ("host memory", ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Host => "host memory",
+            MemoryKind::Shared => "shared memory",
+            MemoryKind::Pinned => "pinned memory",
+            MemoryKind::Device => "device memory",
+        }
+    }
+}
+
 /// A contiguous range of bytes with a host pointer, a device pointer, or
 /// both (pinned memory mapped for the device has both).
 ///
