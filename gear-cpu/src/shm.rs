@@ -43,11 +43,18 @@ pub struct ShmOptions {
     /// Permission bits of the new file (before the umask); default `0o600`,
     /// so only processes of the same user can attach.
     pub mode: u32,
+    /// Map every page up front (`MAP_POPULATE`), default `true`. A replay
+    /// table is written everywhere sooner or later; populating it in one
+    /// call avoids a page fault per 4 KiB page on the copy paths (measured
+    /// here: a 1 GB table written by a freshly attached process spent 0.6 s
+    /// of 0.7 s in 262k minor faults). Turn off for huge tables a process
+    /// only touches a little of.
+    pub populate: bool,
 }
 
 impl Default for ShmOptions {
     fn default() -> Self {
-        ShmOptions { dir: None, keep: false, mode: 0o600 }
+        ShmOptions { dir: None, keep: false, mode: 0o600, populate: true }
     }
 }
 
@@ -74,6 +81,21 @@ impl ShmOptions {
         self.mode = mode;
         self
     }
+
+    /// Whether to map every page up front (see [`ShmOptions::populate`]).
+    pub fn populate(mut self, populate: bool) -> Self {
+        self.populate = populate;
+        self
+    }
+}
+
+fn map_options(len: usize, populate: bool) -> MmapOptions {
+    let mut o = MmapOptions::new();
+    o.len(len);
+    if populate {
+        o.populate();
+    }
+    o
 }
 
 /// Checks a pool name: 1 to [`MAX_SHM_NAME_BYTES`] bytes of
@@ -134,7 +156,7 @@ impl ShmPool {
             },
         )?;
         // From here on, every failure removes the file we just made.
-        let built = Self::size_and_map(&file, &path, name, &dir, bytes);
+        let built = Self::size_and_map(&file, &path, name, &dir, bytes, opts.populate);
         match built {
             Ok(map) => {
                 let meta = file.metadata().map_err(|e| Error::io("stat", &path, e));
@@ -160,7 +182,7 @@ impl ShmPool {
         }
     }
 
-    fn size_and_map(file: &File, path: &Path, name: &str, dir: &Path, bytes: u64) -> Result<MmapRaw> {
+    fn size_and_map(file: &File, path: &Path, name: &str, dir: &Path, bytes: u64, populate: bool) -> Result<MmapRaw> {
         let no_space =
             |available| Error::NoSpace { name: name.to_owned(), dir: dir.to_path_buf(), needed: bytes, available };
         let free = raw::free_bytes(file).map_err(|e| Error::io("query free space of", dir, e))?;
@@ -174,12 +196,19 @@ impl ShmPool {
             Some(libc::ENOSPC | libc::EFBIG) => no_space(free),
             _ => Error::io("reserve space for", path, e),
         })?;
-        MmapOptions::new().len(len).map_raw(file).map_err(|e| Error::io("map", path, e))
+        map_options(len, populate).map_raw(file).map_err(|e| Error::io("map", path, e))
     }
 
     /// Attaches to the pool `name` in `dir` (default `/dev/shm`), mapping
-    /// the whole file at its current size. Attachers never unlink.
+    /// the whole file at its current size, every page up front. Attachers
+    /// never unlink.
     pub fn open(name: &str, dir: Option<&Path>) -> Result<Self> {
+        Self::open_with(name, dir, true)
+    }
+
+    /// [`ShmPool::open`], choosing whether to map every page up front (see
+    /// [`ShmOptions::populate`]).
+    pub fn open_with(name: &str, dir: Option<&Path>, populate: bool) -> Result<Self> {
         validate_name(name)?;
         let dir = dir_or_default(dir);
         let path = dir.join(name);
@@ -197,7 +226,7 @@ impl ShmPool {
         let len = usize::try_from(meta.len()).map_err(|_| {
             Error::io("map", &path, std::io::Error::other(format!("{} bytes do not fit the address space", meta.len())))
         })?;
-        let map = MmapOptions::new().len(len).map_raw(&file).map_err(|e| Error::io("map", &path, e))?;
+        let map = map_options(len, populate).map_raw(&file).map_err(|e| Error::io("map", &path, e))?;
         Ok(ShmPool { map, name: name.to_owned(), dir, created: None, unlink_on_drop: AtomicBool::new(false) })
     }
 
