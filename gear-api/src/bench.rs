@@ -3,11 +3,12 @@
 //! measured in the same run (this machine is shared and noisy, so ratios
 //! are what to compare).
 
-use crate::error::Result;
+use crate::children::{print_stats, spawn, GearChild};
+use crate::error::{Error, Result};
 use crate::progress::Progress;
-use crate::{ReplayTable, SampleConfig, StepValue};
+use crate::{AttachOptions, ReplayTable, SampleConfig, StepValue};
 use gear_core::{ColumnSpec, DType, Pad, TableSpec, WindowSpec};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// The bench workload. The table has three columns: `obs` u8
@@ -78,6 +79,52 @@ pub struct BenchReport {
     pub sample_vs_memcpy: f64,
     /// Trajectories evicted during the insert phase.
     pub evictions: u64,
+    /// Writer processes (0: one process did everything, in turn).
+    pub writers: usize,
+    /// Two threads each copying half of the bytes (the reference for
+    /// several writer processes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memcpy_2t_gb_per_s: Option<f64>,
+    /// `insert_gb_per_s / memcpy_2t_gb_per_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insert_vs_memcpy_2t: Option<f64>,
+}
+
+fn window_for(c: &BenchConfig) -> Result<WindowSpec> {
+    let window = if c.window_len == 0 {
+        WindowSpec::whole(c.steps)
+    } else {
+        WindowSpec { offset: c.window_offset, len: c.window_len, pad: Pad::Tail }
+    };
+    window.validate(c.steps)?;
+    Ok(window)
+}
+
+/// One trajectory's columns, as the bench writes them.
+struct Trajectory {
+    obs: Vec<u8>,
+    actions: Vec<i32>,
+    rewards: Vec<f32>,
+}
+
+impl Trajectory {
+    fn new(steps: u64, step_bytes: u64) -> Self {
+        let steps = steps as usize;
+        Trajectory {
+            obs: (0..steps * step_bytes as usize).map(|i| (i * 31) as u8).collect(),
+            actions: (0..steps as i32).collect(),
+            rewards: (0..steps).map(|i| i as f32 * 0.5).collect(),
+        }
+    }
+
+    fn insert(&self, writer: &crate::Writer, steps: u64, priority: f64) -> Result<()> {
+        let mut traj = writer.begin(Some(priority))?;
+        traj.append_column("obs", steps, StepValue::typed(&self.obs))?;
+        traj.append_column("action", steps, StepValue::typed(&self.actions))?;
+        traj.append_column("reward", steps, StepValue::typed(&self.rewards))?;
+        traj.end()?;
+        Ok(())
+    }
 }
 
 fn spec_for(c: &BenchConfig) -> Result<TableSpec> {
@@ -93,51 +140,47 @@ fn spec_for(c: &BenchConfig) -> Result<TableSpec> {
 }
 
 /// Copies `total` bytes as `chunk`-sized pieces into a `dst_len` buffer,
-/// cycling through it like the table's slots; returns GB/s.
-fn memcpy_reference(chunk: usize, dst_len: usize, total: u64) -> f64 {
+/// cycling through it like the table's slots, split over `threads` threads
+/// that each own a part of the buffer; returns GB/s over the wall time.
+fn memcpy_reference(chunk: usize, dst_len: usize, total: u64, threads: usize) -> f64 {
     let src: Vec<u8> = (0..chunk).map(|i| i as u8).collect();
     let mut dst = vec![0u8; dst_len];
-    let slots = (dst_len / chunk).max(1);
     // Fault the destination in first, as the table's pool already is.
     dst.iter_mut().step_by(4096).for_each(|b| *b = 1);
-    let copies = (total / chunk as u64).max(1);
+    let part = (dst_len / threads).max(chunk);
+    let copies = (total / chunk as u64 / threads as u64).max(1);
     let t = Instant::now();
-    for i in 0..copies {
-        let off = (i as usize % slots) * chunk;
-        dst[off..off + chunk].copy_from_slice(&src);
-    }
+    std::thread::scope(|s| {
+        for part in dst.chunks_mut(part).take(threads) {
+            let src = &src;
+            s.spawn(move || {
+                let slots = (part.len() / chunk).max(1);
+                for i in 0..copies {
+                    let off = (i as usize % slots) * chunk;
+                    part[off..off + chunk].copy_from_slice(src);
+                }
+            });
+        }
+    });
     let secs = t.elapsed().as_secs_f64();
     std::hint::black_box(&dst);
-    (copies * chunk as u64) as f64 / secs / 1e9
+    (copies * threads as u64 * chunk as u64) as f64 / secs / 1e9
 }
 
 /// Runs the bench; `progress` shows what runs while it runs.
 pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport> {
     let spec = spec_for(c)?;
-    let window = if c.window_len == 0 {
-        WindowSpec::whole(c.steps)
-    } else {
-        WindowSpec { offset: c.window_offset, len: c.window_len, pad: Pad::Tail }
-    };
-    window.validate(c.steps)?;
+    let window = window_for(c)?;
     let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
     let table = ReplayTable::builder(spec.clone()).sampler_kind(strategy, Default::default()).seed(c.seed).build()?;
-
-    let steps = c.steps as usize;
-    let obs: Vec<u8> = (0..steps * c.step_bytes as usize).map(|i| (i * 31) as u8).collect();
-    let actions: Vec<i32> = (0..steps as i32).collect();
-    let rewards: Vec<f32> = (0..steps).map(|i| i as f32 * 0.5).collect();
+    let data = Trajectory::new(c.steps, c.step_bytes);
     let traj_bytes = spec.step_bytes() * c.steps;
 
     let writer = table.writer();
     progress.phase("insert", c.inserts);
     let t = Instant::now();
     for i in 0..c.inserts {
-        let mut traj = writer.begin(Some(1.0 + (i % 7) as f64))?;
-        traj.append_column("obs", c.steps, StepValue::typed(&obs))?;
-        traj.append_column("action", c.steps, StepValue::typed(&actions))?;
-        traj.append_column("reward", c.steps, StepValue::typed(&rewards))?;
-        traj.end()?;
+        data.insert(&writer, c.steps, 1.0 + (i % 7) as f64)?;
         progress.tick(i + 1);
     }
     let insert_s = t.elapsed().as_secs_f64();
@@ -158,7 +201,7 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
 
     progress.phase("memcpy reference", 1);
     let data_bytes = table.shared.region.layout().total_bytes() as usize;
-    let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, c.inserts * traj_bytes);
+    let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, c.inserts * traj_bytes, 1);
     progress.done();
 
     let insert_gb = (c.inserts * traj_bytes) as f64 / insert_s / 1e9;
@@ -175,5 +218,142 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
         insert_vs_memcpy: insert_gb / memcpy,
         sample_vs_memcpy: sample_gb / memcpy,
         evictions: info.evictions,
+        writers: 0,
+        memcpy_2t_gb_per_s: None,
+        insert_vs_memcpy_2t: None,
     })
+}
+
+/// What a bench writer process reports.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct WriterStats {
+    /// Trajectories inserted.
+    pub trajectories: u64,
+    /// Bytes inserted.
+    pub bytes: u64,
+    /// Seconds spent.
+    pub seconds: f64,
+}
+
+/// What the bench sampler process reports.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SamplerStats {
+    /// Rows sampled.
+    pub rows: u64,
+    /// Valid bytes gathered.
+    pub bytes: u64,
+    /// Seconds spent.
+    pub seconds: f64,
+}
+
+/// `gear bench --writers N`: N writer processes insert concurrently while
+/// one sampler process samples, all on one shared-memory table.
+pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progress) -> Result<BenchReport> {
+    if writers == 0 {
+        return Err(Error::Config("--writers must be at least 1".into()));
+    }
+    let spec = spec_for(c)?;
+    window_for(c)?;
+    let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
+    let name = format!("gear-bench-{}", std::process::id());
+    let table = ReplayTable::builder(spec.clone())
+        .sampler_kind(strategy, Default::default())
+        .seed(c.seed)
+        .shared_memory(&name)
+        .build()?;
+    let traj_bytes = spec.step_bytes() * c.steps;
+    let per_writer = c.inserts.div_ceil(writers as u64);
+    let common = |role: &str| {
+        vec![
+            role.to_owned(),
+            "--table".into(),
+            name.clone(),
+            "--steps".into(),
+            c.steps.to_string(),
+            "--step-bytes".into(),
+            c.step_bytes.to_string(),
+        ]
+    };
+    progress.line(&format!("gear bench: {writers} writer processes and 1 sampler process on `{name}`"));
+    let mut kids: Vec<GearChild> = Vec::new();
+    for _ in 0..writers {
+        let mut args = common("bench-writer");
+        args.extend(["--count".into(), per_writer.to_string()]);
+        kids.push(spawn("bench writer", &args)?);
+    }
+    let mut args = common("bench-sampler");
+    args.extend([
+        "--batches".into(),
+        c.batches.to_string(),
+        "--batch".into(),
+        c.batch.to_string(),
+        format!("--window-offset={}", c.window_offset),
+        "--window-len".into(),
+        c.window_len.to_string(),
+    ]);
+    let sampler = spawn("bench sampler", &args)?;
+    let writer_stats = kids.into_iter().map(GearChild::finish).collect::<Result<Vec<WriterStats>>>()?;
+    let sampler_stats: SamplerStats = sampler.finish()?;
+    let info = table.info()?;
+
+    progress.phase("memcpy references", 2);
+    let data_bytes = table.shared.region.layout().total_bytes() as usize;
+    let total = writer_stats.iter().map(|w| w.bytes).sum::<u64>();
+    let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, total, 1);
+    let memcpy_2t = memcpy_reference(traj_bytes as usize, data_bytes, total, 2);
+    progress.done();
+
+    let wall = writer_stats.iter().map(|w| w.seconds).fold(0.0, f64::max);
+    let insert_gb = total as f64 / wall / 1e9;
+    let sample_gb = sampler_stats.bytes as f64 / sampler_stats.seconds / 1e9;
+    Ok(BenchReport {
+        backend: "cpu",
+        sampler: strategy.name().to_owned(),
+        trajectory_bytes: traj_bytes,
+        insert_traj_per_s: writer_stats.iter().map(|w| w.trajectories).sum::<u64>() as f64 / wall,
+        insert_gb_per_s: insert_gb,
+        sample_traj_per_s: sampler_stats.rows as f64 / sampler_stats.seconds,
+        sample_gb_per_s: sample_gb,
+        memcpy_gb_per_s: memcpy,
+        insert_vs_memcpy: insert_gb / memcpy,
+        sample_vs_memcpy: sample_gb / memcpy,
+        evictions: info.evictions,
+        writers,
+        memcpy_2t_gb_per_s: Some(memcpy_2t),
+        insert_vs_memcpy_2t: Some(insert_gb / memcpy_2t),
+    })
+}
+
+/// `gear bench-writer`: inserts `count` trajectories into a shared table.
+pub fn writer_process(table: &str, count: u64, steps: u64, step_bytes: u64) -> Result<()> {
+    let t = ReplayTable::attach(table, AttachOptions::default())?;
+    if t.spec().max_len() != steps || t.spec().columns()[0].shape() != [step_bytes] {
+        return Err(Error::Config("bench writer: --steps/--step-bytes disagree with the table".into()));
+    }
+    let data = Trajectory::new(steps, step_bytes);
+    let writer = t.writer();
+    let start = Instant::now();
+    for i in 0..count {
+        data.insert(&writer, steps, 1.0 + (i % 7) as f64)?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    print_stats(&WriterStats { trajectories: count, bytes: count * steps * t.spec().step_bytes(), seconds });
+    Ok(())
+}
+
+/// `gear bench-sampler`: samples `batches` batches from a shared table.
+pub fn sampler_process(table: &str, batches: u64, batch: usize, window_offset: i64, window_len: u64) -> Result<()> {
+    let t = ReplayTable::attach(table, AttachOptions::default())?;
+    let c = BenchConfig { steps: t.spec().max_len(), window_offset, window_len, ..Default::default() };
+    let mut sampler = t.sampler(SampleConfig::new(batch, window_for(&c)?))?;
+    let step_bytes = t.spec().step_bytes();
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    let start = Instant::now();
+    for _ in 0..batches {
+        let b = sampler.sample()?;
+        rows += b.rows() as u64;
+        bytes += b.lengths().iter().sum::<u64>() * step_bytes;
+    }
+    print_stats(&SamplerStats { rows, bytes, seconds: start.elapsed().as_secs_f64() });
+    Ok(())
 }

@@ -36,6 +36,8 @@
 compile_error!("gear-api needs the `cpu` feature: tables live in host memory, which every backend builds on");
 
 pub mod bench;
+pub mod children;
+pub mod config;
 pub mod demo;
 pub mod error;
 pub mod limiter;

@@ -1,12 +1,17 @@
 //! The `gear` command: `gear demo` runs the main job on the CPU default;
-//! `gear bench` measures insert and sample throughput against memcpy.
+//! `gear bench` measures insert and sample throughput against memcpy;
+//! `gear serve` creates a shared table from a config file and keeps it.
 
 use clap::{Parser, Subcommand};
-use gear_api::bench::{run_bench, BenchConfig};
+use gear_api::bench::{run_bench, run_bench_processes, BenchConfig};
+use gear_api::config::TableConfig;
 use gear_api::demo::{run_demo, DemoConfig};
 use gear_api::progress::Progress;
+use gear_api::Result;
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(name = "gear", version, about = "GEAR-rs: GPU-centric experience replay for large sequence models")]
@@ -17,12 +22,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Actors write Atari-shaped episodes while a trainer samples windows
-    /// with prioritized replay and updates priorities.
+    /// Actor processes write Atari-shaped episodes into a shared table while
+    /// a trainer process samples windows with prioritized replay, checks
+    /// every row and updates priorities.
     Demo {
-        /// Actor threads.
+        /// Actors.
         #[arg(long, default_value_t = 3)]
         actors: usize,
+        /// Run actors and trainer as threads of this process instead.
+        #[arg(long)]
+        threads: bool,
         /// Seconds to run.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
@@ -66,6 +75,10 @@ enum Command {
         /// Window length; 0 = whole trajectories.
         #[arg(long, default_value_t = 0)]
         window_len: u64,
+        /// Writer processes inserting concurrently while one sampler process
+        /// samples (0: one process, inserting then sampling).
+        #[arg(long, default_value_t = 0)]
+        writers: usize,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -75,32 +88,114 @@ enum Command {
         #[arg(long, default_value = "cpu")]
         backend: String,
     },
+    /// Creates the shared table a TOML config describes and serves it until
+    /// interrupted: reclaims dead writers' slots and prints its counters.
+    Serve {
+        /// The table config (see `gear_api::config`).
+        #[arg(long)]
+        config: PathBuf,
+        /// Stop after this many seconds (default: until SIGINT/SIGTERM).
+        #[arg(long)]
+        seconds: Option<f64>,
+    },
+    #[command(hide = true)]
+    DemoActor {
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long)]
+        seed: u64,
+    },
+    #[command(hide = true)]
+    DemoTrainer {
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long)]
+        batch: usize,
+        #[arg(long)]
+        window: u64,
+    },
+    #[command(hide = true)]
+    BenchWriter {
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        steps: u64,
+        #[arg(long)]
+        step_bytes: u64,
+        #[arg(long)]
+        count: u64,
+    },
+    #[command(hide = true)]
+    BenchSampler {
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        steps: u64,
+        #[arg(long)]
+        step_bytes: u64,
+        #[arg(long)]
+        batches: u64,
+        #[arg(long)]
+        batch: usize,
+        #[arg(long, allow_hyphen_values = true)]
+        window_offset: i64,
+        #[arg(long)]
+        window_len: u64,
+    },
+}
+
+fn positive_seconds(seconds: f64) -> std::result::Result<Duration, ExitCode> {
+    if seconds.is_finite() && seconds > 0.0 {
+        Ok(Duration::from_secs_f64(seconds))
+    } else {
+        eprintln!("error: --seconds must be a positive number, got {seconds}");
+        Err(ExitCode::from(2))
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { actors, seconds, capacity, batch, window } => {
-            if !(seconds.is_finite() && seconds > 0.0) {
-                eprintln!("error: --seconds must be a positive number, got {seconds}");
-                return ExitCode::from(2);
-            }
-            let config = DemoConfig {
-                actors,
-                duration: Duration::from_secs_f64(seconds),
-                capacity,
-                batch,
-                window,
-                ..DemoConfig::default()
+        Command::Demo { actors, threads, seconds, capacity, batch, window } => {
+            let duration = match positive_seconds(seconds) {
+                Ok(d) => d,
+                Err(code) => return code,
             };
+            let config = DemoConfig { actors, threads, duration, capacity, batch, window, ..DemoConfig::default() };
             run_demo(&config, &mut Progress::new(true)).map(|s| {
+                let who = |pid: u32| if pid == 0 { "thread".to_owned() } else { format!("pid {pid}") };
                 println!("gear demo summary ({:.1} s)", s.seconds);
-                println!("  trajectories written : {}", s.trajectories);
-                println!("  evicted              : {}", s.evictions);
-                println!("  batches sampled      : {} ({} rows checked)", s.batches, s.rows_checked);
-                println!("  priority updates     : {}", s.priority_updates);
-                println!("  write                : {:.2} GB/s", s.write_gb_per_s);
-                println!("  sample + gather      : {:.2} GB/s", s.sample_gb_per_s);
+                for a in &s.actors {
+                    println!(
+                        "  actor   {:>10}: {:>6} episodes  {:>6.2} GB/s",
+                        who(a.pid),
+                        a.episodes,
+                        a.bytes as f64 / a.seconds / 1e9
+                    );
+                }
+                let t = &s.trainer;
+                println!(
+                    "  trainer {:>10}: {:>6} batches   {:>6.2} GB/s  ({} rows checked, {} priority updates)",
+                    who(t.pid),
+                    t.batches,
+                    t.bytes as f64 / t.seconds / 1e9,
+                    t.rows_checked,
+                    t.priority_updates
+                );
+                println!(
+                    "  total              : {} episodes written ({:.2} GB/s), {} evicted, {} batches sampled ({:.2} GB/s)",
+                    s.episodes(),
+                    s.write_gb_per_s(),
+                    s.evictions,
+                    t.batches,
+                    s.sample_gb_per_s()
+                );
             })
         }
         Command::Bench {
@@ -113,6 +208,7 @@ fn main() -> ExitCode {
             sampler,
             window_offset,
             window_len,
+            writers,
             json,
             backend,
         } => {
@@ -135,22 +231,47 @@ fn main() -> ExitCode {
                 window_len,
                 ..BenchConfig::default()
             };
-            run_bench(&config, &mut Progress::new(!json)).map(|r| {
+            let mut progress = Progress::new(!json);
+            let report = if writers == 0 {
+                run_bench(&config, &mut progress)
+            } else {
+                run_bench_processes(&config, writers, &mut progress)
+            };
+            report.map(|r| {
                 if json {
                     println!("{}", serde_json::to_string(&r).expect("report serialises"));
-                } else {
-                    println!("backend {} sampler {} ({} B per trajectory)", r.backend, r.sampler, r.trajectory_bytes);
-                    println!(
-                        "  insert : {:>10.0} traj/s {:>7.2} GB/s ({:.2} x memcpy)",
-                        r.insert_traj_per_s, r.insert_gb_per_s, r.insert_vs_memcpy
-                    );
-                    println!(
-                        "  sample : {:>10.0} traj/s {:>7.2} GB/s ({:.2} x memcpy)",
-                        r.sample_traj_per_s, r.sample_gb_per_s, r.sample_vs_memcpy
-                    );
-                    println!("  memcpy : {:>25.2} GB/s", r.memcpy_gb_per_s);
+                    return;
+                }
+                let who =
+                    if r.writers == 0 { "1 process".to_owned() } else { format!("{} writer processes", r.writers) };
+                println!(
+                    "backend {} sampler {} ({who}, {} B per trajectory)",
+                    r.backend, r.sampler, r.trajectory_bytes
+                );
+                println!(
+                    "  insert : {:>10.0} traj/s {:>7.2} GB/s ({:.2} x memcpy)",
+                    r.insert_traj_per_s, r.insert_gb_per_s, r.insert_vs_memcpy
+                );
+                println!(
+                    "  sample : {:>10.0} traj/s {:>7.2} GB/s ({:.2} x memcpy)",
+                    r.sample_traj_per_s, r.sample_gb_per_s, r.sample_vs_memcpy
+                );
+                println!("  memcpy : {:>25.2} GB/s", r.memcpy_gb_per_s);
+                if let (Some(m2), Some(x)) = (r.memcpy_2t_gb_per_s, r.insert_vs_memcpy_2t) {
+                    println!("  memcpy, 2 threads : {m2:>14.2} GB/s (insert {x:.2} x)");
                 }
             })
+        }
+        Command::Serve { config, seconds } => serve(&config, seconds),
+        Command::DemoActor { table, id, seconds, seed } => gear_api::demo::actor_process(&table, id, seconds, seed),
+        Command::DemoTrainer { table, seconds, batch, window } => {
+            gear_api::demo::trainer_process(&table, seconds, batch, window)
+        }
+        Command::BenchWriter { table, steps, step_bytes, count } => {
+            gear_api::bench::writer_process(&table, count, steps, step_bytes)
+        }
+        Command::BenchSampler { table, steps: _, step_bytes: _, batches, batch, window_offset, window_len } => {
+            gear_api::bench::sampler_process(&table, batches, batch, window_offset, window_len)
         }
     };
     match result {
@@ -160,6 +281,57 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
+    let cfg = TableConfig::load(config)?;
+    let table = cfg.builder()?.build()?;
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe; the function pointer has the C ABI signal()
+        // expects.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    let spec = table.spec();
+    println!(
+        "serving table `{}` ({} columns, T={}, capacity {}, {:.1} MB); stop with Ctrl-C",
+        cfg.name,
+        spec.columns().len(),
+        spec.max_len(),
+        spec.capacity(),
+        spec.data_bytes() as f64 / 1e6
+    );
+    let start = Instant::now();
+    let until = seconds.map(Duration::from_secs_f64);
+    let mut last = Instant::now();
+    while !STOP.load(Ordering::Relaxed) && until.is_none_or(|u| start.elapsed() < u) {
+        std::thread::sleep(Duration::from_millis(100));
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            let reclaimed = table.reclaim_dead()?;
+            let i = table.info()?;
+            eprintln!(
+                "[{:6.1}s] size {}/{} inserts {} samples {} evicted {} reclaimed {}{}",
+                start.elapsed().as_secs_f64(),
+                i.size,
+                i.capacity,
+                i.inserts,
+                i.samples,
+                i.evictions,
+                i.reclaimed,
+                if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
+            );
+        }
+    }
+    table.close();
+    println!("table `{}` closed", cfg.name);
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]

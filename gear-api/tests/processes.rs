@@ -196,7 +196,8 @@ fn four_writer_and_two_sampler_processes_never_see_torn_rows() {
     let name = unique("stress");
     // A small table so slots are evicted and reused while samplers copy.
     let table = ReplayTable::builder(spec(24, 48)).shared_memory(&name).sample_while_writing(true).build().unwrap();
-    let run_ms = 2500;
+    // `cargo xtask soak` runs this for longer through GEAR_STRESS_MS.
+    let run_ms = std::env::var("GEAR_STRESS_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2500);
     let writers: Vec<Child> = (0..4).map(|_| spawn("writer", &name, run_ms)).collect();
     let samplers: Vec<Child> = (0..2).map(|_| spawn("sampler", &name, run_ms)).collect();
     let mut written = 0u64;
@@ -211,6 +212,7 @@ fn four_writer_and_two_sampler_processes_never_see_torn_rows() {
             text.lines().find_map(|l| l.split("sampler checked ").nth(1)).unwrap().trim().parse::<u64>().unwrap();
     }
     let info = table.info().unwrap();
+    eprintln!("stress: {written} trajectories written, {checked} rows checked, {} evictions", info.evictions);
     assert_eq!(info.inserts, written, "every committed trajectory is counted once");
     assert!(written > 100 && checked > 100, "too little work to mean anything: {written} written, {checked} rows");
     assert!(info.evictions > 0, "the stress must reuse slots");

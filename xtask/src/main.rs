@@ -3,6 +3,9 @@
 //! * `bench [--quick]`: builds `gear` in release mode, runs `gear bench
 //!   --json` over the standard workloads and writes a Markdown table to
 //!   stdout and `target/bench.md`.
+//! * `soak [--seconds N]`: the multi-process stress test (4 writer and 2
+//!   sampler processes on one shared table, every sampled row checked) for N
+//!   seconds instead of the test suite's few.
 //! * `gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]`: packs
 //!   gear-cuda's test and bench binaries into a folder a GPU machine without
 //!   cargo can run (`run.sh`), and runs it when a GPU is present.
@@ -18,10 +21,11 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("bench") => bench(&args[1..]),
         Some("gpu-test") => gpu_test::run(&args[1..]),
+        Some("soak") => soak(&args[1..]),
         Some("help") | Some("--help") | None => {
             println!(
                 "cargo xtask <command>\n\ncommands:\n  bench [--quick]   run gear bench over the standard workloads, \
-                 write target/bench.md\n  {}",
+                 write target/bench.md\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked\n  {}",
                 gpu_test::USAGE
             );
             Ok(())
@@ -98,5 +102,24 @@ fn bench(args: &[String]) -> Result<()> {
     }
     print!("{table}");
     std::fs::write(root.join("target/bench.md"), &table).context("writing target/bench.md")?;
+    Ok(())
+}
+
+fn soak(args: &[String]) -> Result<()> {
+    let seconds: u64 = match args {
+        [] => 60,
+        [flag, n] if flag == "--seconds" => n.parse().context("--seconds takes a whole number")?,
+        _ => bail!("usage: cargo xtask soak [--seconds N]"),
+    };
+    eprintln!("xtask soak: 4 writer + 2 sampler processes for {seconds} s");
+    let status = Command::new(env!("CARGO"))
+        .args(["test", "--release", "-p", "gear-api", "--test", "processes", "four_writer", "--", "--nocapture"])
+        .env("GEAR_STRESS_MS", (seconds * 1000).to_string())
+        .current_dir(root())
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("the soak failed");
+    }
     Ok(())
 }

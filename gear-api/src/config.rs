@@ -1,0 +1,234 @@
+//! Table configuration files for `gear serve --config FILE` (TOML):
+//!
+//! ```toml
+//! name = "atari"                 # shared-memory name processes attach by
+//! # dir = "/dev/shm"             # where the backing file goes
+//! max_len = 128                  # T, steps per trajectory
+//! capacity = 2048                # trajectories
+//! seed = 0
+//! sample_while_writing = false
+//! # max_times_sampled = 1
+//!
+//! [[columns]]
+//! name = "obs"
+//! dtype = "u8"
+//! shape = [84, 84]
+//!
+//! [[columns]]
+//! name = "reward"
+//! dtype = "f32"
+//! shape = []
+//!
+//! [sampler]                      # uniform, prioritized, fifo, lifo, max-heap, min-heap
+//! kind = "prioritized"
+//! alpha = 0.6
+//! beta = 0.4
+//!
+//! [remover]
+//! kind = "fifo"
+//!
+//! [rate_limiter]                 # optional; Reverb's semantics
+//! min_size_to_sample = 64
+//! samples_per_insert = 8.0       # with error_buffer: a ratio limiter
+//! error_buffer = 256.0
+//! # queue = 1000                 # instead: a queue of this size
+//! ```
+
+use crate::error::{Error, Result};
+use crate::{PoolConfig, RateLimiterConfig, ReplayTable, TableBuilder};
+use gear_core::{ColumnSpec, DType, TableSpec};
+use gear_sampler::{StrategyKind, StrategyParams};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// A table described in a config file.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TableConfig {
+    /// Shared-memory name.
+    pub name: String,
+    /// Directory of the backing file (default `/dev/shm`).
+    pub dir: Option<PathBuf>,
+    /// Maximum trajectory length T.
+    pub max_len: u64,
+    /// Capacity in trajectories.
+    pub capacity: u64,
+    /// Seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Let samplers draw trajectories still being written.
+    #[serde(default)]
+    pub sample_while_writing: bool,
+    /// Remove a trajectory after this many samples.
+    pub max_times_sampled: Option<u64>,
+    /// The columns, in storage order.
+    pub columns: Vec<ColumnConfig>,
+    /// The sampling strategy (default uniform).
+    #[serde(default)]
+    pub sampler: StrategyConfig,
+    /// The eviction strategy (default FIFO).
+    pub remover: Option<StrategyConfig>,
+    /// Flow control (default: sample once one item exists).
+    pub rate_limiter: Option<LimiterConfig>,
+}
+
+/// One column.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnConfig {
+    /// Name.
+    pub name: String,
+    /// Dtype name (`u8`, `f32`, ...).
+    pub dtype: String,
+    /// Per-step shape (`[]` for scalars).
+    #[serde(default)]
+    pub shape: Vec<u64>,
+}
+
+/// A strategy by name.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyConfig {
+    /// `uniform`, `prioritized`, `fifo`, `lifo`, `max-heap`, `min-heap`.
+    pub kind: String,
+    /// Priority exponent (prioritized).
+    pub alpha: Option<f64>,
+    /// Importance-sampling exponent (prioritized).
+    pub beta: Option<f64>,
+    /// Stratified batches (prioritized, default true).
+    pub stratified: Option<bool>,
+}
+
+impl Default for StrategyConfig {
+    fn default() -> Self {
+        StrategyConfig { kind: "uniform".into(), alpha: None, beta: None, stratified: None }
+    }
+}
+
+/// The rate limiter.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimiterConfig {
+    /// Items needed before sampling.
+    #[serde(default = "one")]
+    pub min_size_to_sample: u64,
+    /// Samples per insert (with `error_buffer`).
+    pub samples_per_insert: Option<f64>,
+    /// Slack around the ratio.
+    pub error_buffer: Option<f64>,
+    /// A queue of this size instead.
+    pub queue: Option<u64>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl TableConfig {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
+        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses config text.
+    pub fn parse(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// The table spec.
+    pub fn spec(&self) -> Result<TableSpec> {
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| Ok(ColumnSpec::new(c.name.clone(), DType::from_name(&c.dtype)?, c.shape.clone())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TableSpec::new(columns, self.max_len, self.capacity)?)
+    }
+
+    /// A builder for the table this config describes.
+    pub fn builder(&self) -> Result<TableBuilder> {
+        let sampler: StrategyKind = self.sampler.kind.parse()?;
+        let defaults = StrategyParams::default();
+        let params = StrategyParams {
+            alpha: self.sampler.alpha.unwrap_or(defaults.alpha),
+            beta: self.sampler.beta.unwrap_or(defaults.beta),
+            stratified: self.sampler.stratified.unwrap_or(defaults.stratified),
+        };
+        let mut b = ReplayTable::builder(self.spec()?)
+            .pool(PoolConfig::Shared { name: self.name.clone(), dir: self.dir.clone() })
+            .sampler_kind(sampler, params)
+            .seed(self.seed)
+            .sample_while_writing(self.sample_while_writing);
+        if let Some(r) = &self.remover {
+            b = b.remover_kind(r.kind.parse()?);
+        }
+        if let Some(n) = self.max_times_sampled {
+            b = b.max_times_sampled(n);
+        }
+        if let Some(l) = &self.rate_limiter {
+            b = match (l.queue, l.samples_per_insert) {
+                (Some(_), Some(_)) => {
+                    return Err(Error::Config("rate_limiter: give either queue or samples_per_insert, not both".into()))
+                }
+                (Some(size), None) => b.queue(size)?,
+                (None, Some(spi)) => {
+                    let buffer = l.error_buffer.ok_or_else(|| {
+                        Error::Config("rate_limiter: samples_per_insert needs an error_buffer".into())
+                    })?;
+                    b.rate_limiter(RateLimiterConfig::sample_to_insert_ratio(spi, l.min_size_to_sample, buffer)?)
+                }
+                (None, None) => b.rate_limiter(RateLimiterConfig::min_size(l.min_size_to_sample)),
+            };
+        }
+        Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+name = "t"
+max_len = 16
+capacity = 8
+[[columns]]
+name = "obs"
+dtype = "u8"
+shape = [4, 4]
+[[columns]]
+name = "reward"
+dtype = "f32"
+[sampler]
+kind = "prioritized"
+alpha = 0.7
+[rate_limiter]
+min_size_to_sample = 2
+samples_per_insert = 4.0
+error_buffer = 16.0
+"#;
+
+    #[test]
+    fn parses_the_documented_shape() {
+        let c = TableConfig::parse(EXAMPLE).unwrap();
+        let spec = c.spec().unwrap();
+        assert_eq!(spec.columns()[0].shape(), &[4, 4]);
+        assert_eq!(spec.columns()[1].dtype(), DType::F32);
+        assert_eq!(c.sampler.alpha, Some(0.7));
+        c.builder().unwrap();
+    }
+
+    #[test]
+    fn bad_configs_name_the_problem() {
+        let e = |t: &str| TableConfig::parse(t).and_then(|c| c.builder().map(|_| ())).unwrap_err().to_string();
+        assert!(e(&EXAMPLE.replace("\"u8\"", "\"u9\"")).contains("unknown dtype `u9`"));
+        assert!(e(&EXAMPLE.replace("prioritized", "best")).contains("unknown selection strategy `best`"));
+        assert!(e(&EXAMPLE.replace("capacity = 8", "capacity = 0")).contains("capacity is zero"));
+        assert!(e(&EXAMPLE.replace("error_buffer = 16.0", "error_buffer = 1.0")).contains("can deadlock"));
+        assert!(
+            e(&EXAMPLE.replace("seed", "seeds").replace("name = \"t\"", "name = \"t\"\ncolour = 1")).contains("colour")
+        );
+    }
+}
