@@ -385,12 +385,40 @@ impl<R: MemoryRegion> TableRegion<R> {
 }
 
 /// What a collector reads from: the data area's addresses and its layout.
+///
+/// Collectors copy from these addresses without further checks beyond the
+/// layout's bounds, so a view can only be made from a live table
+/// ([`TableRegion::view`]) or through the unsafe [`TableView::new`].
 #[derive(Clone, Copy, Debug)]
 pub struct TableView<'a> {
+    host: Option<NonNull<u8>>,
+    device: Option<u64>,
+    layout: &'a Layout,
+}
+
+impl<'a> TableView<'a> {
+    /// A view of a data area that is not inside a [`TableRegion`].
+    ///
+    /// # Safety
+    /// While the view (or any copy) lives, `host` (when `Some`) must point
+    /// to `layout.total_bytes()` readable bytes, and `device` (when `Some`)
+    /// must be a device address of as many bytes.
+    pub unsafe fn new(host: Option<NonNull<u8>>, device: Option<u64>, layout: &'a Layout) -> Self {
+        TableView { host, device, layout }
+    }
+
     /// Host address of the data area, if host-reachable.
-    pub host: Option<NonNull<u8>>,
+    pub fn host(&self) -> Option<NonNull<u8>> {
+        self.host
+    }
+
     /// Device address of the data area, if device-mapped.
-    pub device: Option<u64>,
+    pub fn device(&self) -> Option<u64> {
+        self.device
+    }
+
     /// The data layout.
-    pub layout: &'a Layout,
+    pub fn layout(&self) -> &'a Layout {
+        self.layout
+    }
 }

@@ -281,7 +281,8 @@ impl Collector for CpuCollector {
     fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut HostBatch) -> Result<()> {
         let bytes = SharedBytes::of_view(src)
             .ok_or(Error::Unsupported("the cpu collector reads host memory, and this table has no host address"))?;
-        validate(src.layout, rows, layout)?;
+        let table_layout = src.layout();
+        validate(table_layout, rows, layout)?;
         out.prepare(layout)?;
         let HostBatch { buffers, lengths, .. } = out;
         let mut cols: Vec<&mut [u8]> = buffers
@@ -291,7 +292,7 @@ impl Collector for CpuCollector {
             .collect();
         let threads = self.threads_for(layout);
         if threads <= 1 {
-            gather_rows(&bytes, src.layout, layout, rows, &mut cols, lengths);
+            gather_rows(&bytes, table_layout, layout, rows, &mut cols, lengths);
             return Ok(());
         }
         // One share of rows per thread, in a queue that the spawned threads
@@ -318,7 +319,7 @@ impl Collector for CpuCollector {
         let work = || loop {
             let share = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
             let Some(mut share) = share else { break };
-            gather_rows(&bytes, src.layout, layout, share.rows, &mut share.cols, share.lengths);
+            gather_rows(&bytes, table_layout, layout, share.rows, &mut share.cols, share.lengths);
         };
         std::thread::scope(|scope| {
             for _ in 1..threads {
@@ -341,7 +342,8 @@ impl Collector for CpuCollector {
     ) -> Result<()> {
         let bytes = SharedBytes::of_view(src)
             .ok_or(Error::Unsupported("the cpu collector reads host memory, and this table has no host address"))?;
-        validate(src.layout, rows, layout)?;
+        let table_layout = src.layout();
+        validate(table_layout, rows, layout)?;
         if let Some(&r) = which.iter().find(|&&r| r >= rows.len()) {
             return Err(Error::InvalidWindow(format!(
                 "row {r} to gather again is out of range: the batch has {} rows",
@@ -359,7 +361,7 @@ impl Collector for CpuCollector {
                     &mut b.as_mut_slice()[r * n..(r + 1) * n]
                 })
                 .collect();
-            gather_rows(&bytes, src.layout, layout, &rows[r..=r], &mut cols, &mut lengths[r..=r]);
+            gather_rows(&bytes, table_layout, layout, &rows[r..=r], &mut cols, &mut lengths[r..=r]);
         }
         Ok(())
     }

@@ -200,9 +200,9 @@ impl<'a> SharedBytes<'a> {
     /// The data area a [`TableView`] names, or `None` if it has no host
     /// address.
     pub(crate) fn of_view(view: &TableView<'a>) -> Option<Self> {
-        let base = view.host?;
+        let base = view.host()?;
         // `Layout::new` checked that the data area's size fits a usize.
-        let len = usize::try_from(view.layout.total_bytes()).ok()?;
+        let len = usize::try_from(view.layout().total_bytes()).ok()?;
         // SAFETY: a `TableView<'a>` is made by `TableRegion::view`, whose
         // `host` is the data area of a region that holds at least
         // `data_offset + layout.total_bytes()` bytes (checked by

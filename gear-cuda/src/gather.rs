@@ -203,7 +203,7 @@ impl CudaCollector {
     /// Do not gather into a batch the trainer may still be reading on the
     /// device: have this collector's stream wait for the trainer first.
     pub fn gather_into(&self, src: &TableView<'_>, rows: &[GatherRow], out: &mut CudaBatch) -> Result<()> {
-        let data_base = src.device.ok_or_else(|| {
+        let data_base = src.device().ok_or_else(|| {
             Error::InvalidArgument(
                 "the table is not mapped for the device: put it in PinnedMemory or register its region".into(),
             )
@@ -211,13 +211,13 @@ impl CudaCollector {
         let dst_bases: Vec<u64> = out.columns.iter().map(|c| c.device_addr()).collect();
         match &self.cache {
             None => {
-                let plan = plan::plan_gather(src.layout, &out.layout, rows, data_base, &dst_bases, &[])?;
+                let plan = plan::plan_gather(src.layout(), &out.layout, rows, data_base, &dst_bases, &[])?;
                 self.launch(&plan, out)
             }
             Some(cache) => {
                 let stream = self.stream.clone();
-                cache.with_rows(src.layout, rows, &stream, &mut |cached| {
-                    let plan = plan::plan_gather(src.layout, &out.layout, rows, data_base, &dst_bases, cached)?;
+                cache.with_rows(src.layout(), rows, &stream, &mut |cached| {
+                    let plan = plan::plan_gather(src.layout(), &out.layout, rows, data_base, &dst_bases, cached)?;
                     self.launch(&plan, out)
                 })
             }
