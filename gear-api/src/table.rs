@@ -110,7 +110,9 @@ impl TableBuilder {
         self
     }
 
-    /// Shorthand for [`PoolConfig::Shared`] in `/dev/shm`.
+    /// Shorthand for [`PoolConfig::Shared`] in `/dev/shm`. A table of the
+    /// same name left behind by a creator that died is replaced; any other
+    /// existing file of that name makes [`TableBuilder::build`] fail.
     pub fn shared_memory(self, name: impl Into<String>) -> Self {
         self.pool(PoolConfig::Shared { name: name.into(), dir: None })
     }
@@ -217,7 +219,14 @@ impl TableBuilder {
                 if let Some(d) = dir {
                     opts = opts.dir(d.clone());
                 }
-                Box::new(gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts)?)
+                match gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts.clone()) {
+                    Err(gear_cpu::Error::Exists { .. }) if stale_table(name, dir.as_deref()) => {
+                        // Its creator died without removing it: replace it.
+                        gear_cpu::ShmPool::unlink(name, dir.as_deref())?;
+                        Box::new(gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts)?)
+                    }
+                    other => Box::new(other?),
+                }
             }
         };
         let region = TableRegion::create(pool, &self.spec)?;
@@ -264,6 +273,15 @@ impl TableBuilder {
         let remover = code(self.remover, policy::REMOVER_KIND)?;
         Shared::open_table(region, mutex, sampler, remover, self.collector_threads, true)
     }
+}
+
+/// Whether `name` holds a GEAR table whose creating process is dead (left
+/// behind by a crash). Anything else, including a file that is not a table,
+/// is not stale: it is not ours to remove.
+fn stale_table(name: &str, dir: Option<&std::path::Path>) -> bool {
+    let Ok(pool) = gear_cpu::ShmPool::open_with(name, dir, false) else { return false };
+    let Ok(region) = TableRegion::open(pool, None) else { return false };
+    !ProcessId(region.control().server.load(Ordering::Relaxed)).is_alive()
 }
 
 /// How to attach to a table another process created.

@@ -76,6 +76,9 @@ const ARG: &str = "GEAR_TEST_CHILD_ARG";
 #[test]
 fn child_entry() {
     let Ok(role) = std::env::var(ROLE) else { return };
+    if role == "server" {
+        return; // see child_server
+    }
     let name = std::env::var(TABLE).unwrap();
     let arg: u64 = std::env::var(ARG).ok().and_then(|a| a.parse().ok()).unwrap_or(0);
     let table = ReplayTable::attach(&name, AttachOptions::default()).unwrap();
@@ -123,6 +126,15 @@ fn child_entry() {
             }
             println!("ready {} {}", traj.key().slot, traj.key().generation);
             std::thread::sleep(Duration::from_secs(60));
+        }
+        // Sets every priority to 0 except slot `arg`'s (100).
+        "reprioritize" => {
+            let mut s = table.sampler(SampleConfig::new(64, WindowSpec::last(1))).unwrap();
+            let keys: std::collections::BTreeSet<SlotKey> = s.sample().unwrap().keys().iter().copied().collect();
+            let updates: Vec<(SlotKey, f64)> =
+                keys.iter().map(|k| (*k, if u64::from(k.slot) == arg { 100.0 } else { 0.0 })).collect();
+            assert_eq!(table.update_priorities(&updates).unwrap(), keys.len());
+            println!("reprioritized {}", keys.len());
         }
         // Samples large batches until killed.
         "sampler-loop" => {
@@ -367,4 +379,68 @@ fn writing_after_end_is_refused_and_changes_nothing() {
     assert_eq!((info.size, info.inserts), (1, 1));
     assert_eq!(table.spec().columns().len(), 3);
     let _ = (key, SlotState::Committed);
+}
+
+#[test]
+fn priority_updates_from_another_process_steer_sampling_here() {
+    let name = unique("prio");
+    let table = ReplayTable::builder(spec(4, 16))
+        .shared_memory(&name)
+        .sampler_kind(
+            gear_sampler::StrategyKind::Prioritized,
+            gear_sampler::StrategyParams { alpha: 1.0, beta: 0.4, stratified: true },
+        )
+        .build()
+        .unwrap();
+    let w = table.writer();
+    let mut keys = Vec::new();
+    for id in 1..=8 {
+        let mut t = w.begin(Some(1.0)).unwrap();
+        append(&mut t, id, 0);
+        keys.push(t.end().unwrap());
+    }
+    // The child zeroes every priority but the fifth trajectory's.
+    let child = spawn("reprioritize", &name, u64::from(keys[4].slot));
+    finish(child, "reprioritize");
+    let mut sampler = table.sampler(SampleConfig::new(64, WindowSpec::last(1))).unwrap();
+    let batch = sampler.sample().unwrap();
+    assert!(batch.keys().iter().all(|k| *k == keys[4]), "only the re-prioritized item is drawn: {:?}", batch.keys());
+    assert!(batch.probabilities().iter().all(|&p| (p - 1.0).abs() < 1e-12));
+}
+
+#[test]
+fn a_killed_server_gives_waiters_a_clear_error_and_its_table_can_be_recreated() {
+    let name = unique("killsrv");
+    let mut server = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_server", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "server")
+        .env(TABLE, &name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    wait_ready(&mut server);
+    let attached = ReplayTable::attach(&name, AttachOptions::default()).unwrap();
+    let mut s = attached.sampler(SampleConfig::new(1, WindowSpec::last(4)).timeout(None)).unwrap();
+    let waiter = std::thread::spawn(move || s.sample().map(|_| ()));
+    std::thread::sleep(Duration::from_millis(50));
+    kill(&mut server);
+    assert!(matches!(waiter.join().unwrap(), Err(Error::ServerGone { .. })), "a waiter learns the server died");
+    assert!(matches!(ReplayTable::attach(&name, AttachOptions::default()), Err(Error::ServerGone { .. })));
+    // The dead server's file is still there; creating the table again
+    // replaces it.
+    let again = ReplayTable::builder(spec(8, 4)).shared_memory(&name).build().unwrap();
+    assert_eq!(again.info().unwrap().inserts, 0);
+}
+
+/// The server child of the test above: creates the table, waits to be killed.
+#[test]
+fn child_server() {
+    if std::env::var(ROLE).as_deref() != Ok("server") {
+        return;
+    }
+    let name = std::env::var(TABLE).unwrap();
+    let _table = ReplayTable::builder(spec(8, 4)).shared_memory(&name).build().unwrap();
+    println!("ready 0 0");
+    std::thread::sleep(Duration::from_secs(60));
 }

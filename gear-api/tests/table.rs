@@ -334,3 +334,17 @@ fn attaching_with_a_wrong_spec_or_name_is_a_clear_error() {
     let e = ReplayTable::builder(spec3(5, 4)).shared_memory(name.clone()).build().unwrap_err().to_string();
     assert!(e.contains("already exists"), "{e}");
 }
+
+#[test]
+fn a_lowest_priority_remover_evicts_the_least_useful_trajectory() {
+    let table = ReplayTable::builder(spec3(2, 3)).remover_kind(gear_sampler::StrategyKind::MinHeap).build().unwrap();
+    let a = write_traj(&table, 1, 2, Some(5.0));
+    let b = write_traj(&table, 2, 2, Some(0.5));
+    let c = write_traj(&table, 3, 2, Some(3.0));
+    table.update_priorities(&[(a, 0.1)]).unwrap();
+    let d = write_traj(&table, 4, 2, Some(9.0));
+    assert_eq!(d.slot, a.slot, "the lowest priority (a, lowered to 0.1) is evicted, not the oldest");
+    let e = write_traj(&table, 5, 2, Some(9.0));
+    assert_eq!(e.slot, b.slot);
+    let _ = c;
+}
