@@ -472,7 +472,9 @@ impl Locked<'_> {
             if c.target & bit == 0 {
                 continue;
             }
-            let entry = present.get_mut(slot).ok_or(gear_core::Error::Selection(format!("slot {} in log", c.key)))?;
+            let entry = present
+                .get_mut(slot)
+                .ok_or_else(|| gear_core::Error::Selection(format!("log entry for slot {} beyond capacity", c.key)))?;
             match c.op {
                 LogOp::Insert => {
                     sel.insert(c.key, Some(c.priority))?;
@@ -491,12 +493,37 @@ impl Locked<'_> {
     /// Applies a change here and appends it to the log for other processes.
     fn record(&mut self, c: Change) -> gear_core::Result<()> {
         self.apply(c)?;
+        self.append_log(c);
+        Ok(())
+    }
+
+    /// Appends a change this process has already applied to its mirrors.
+    fn append_log(&mut self, c: Change) {
         let ctl = self.sh.region.control();
         let seq = ctl.log_head.load(Ordering::Relaxed);
         self.sh.region.log()[(seq % LOG_ENTRIES) as usize].store(seq, c);
         ctl.log_head.store(seq + 1, Ordering::Relaxed);
         self.local.applied = seq + 1;
-        Ok(())
+    }
+
+    /// Inserts `key` into this process's sampler (which chooses the
+    /// priority when `priority` is `None`) and, with `remover`, into the
+    /// remover with the same priority; logs the insert. Returns the priority.
+    fn insert_new(&mut self, key: SlotKey, priority: Option<f64>, remover: bool) -> Result<f64> {
+        let slot = key.slot as usize;
+        let p = self.local.sampler.insert(key, priority)?;
+        self.local.in_sampler[slot] = Some(key);
+        if remover {
+            if let Err(e) = self.local.remover.insert(key, Some(p)) {
+                self.local.sampler.remove(key)?;
+                self.local.in_sampler[slot] = None;
+                return Err(e.into());
+            }
+            self.local.in_remover[slot] = Some(key);
+        }
+        let target = if remover { target::BOTH } else { target::SAMPLER };
+        self.append_log(Change { key, op: LogOp::Insert, target, priority: p });
+        Ok(p)
     }
 
     /// Replays log entries this process has not applied.
@@ -902,6 +929,9 @@ impl ReplayTable {
     ) -> Result<Locked<'a>> {
         let sh = &*self.shared;
         let ctl = sh.region.control();
+        if ctl.closed.load(Ordering::Acquire) == 0 && ready(&l) {
+            return Ok(l);
+        }
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         let result = loop {
@@ -1005,9 +1035,7 @@ impl ReplayTable {
             // A rebuild in another process already picked it up.
             return Ok(Some(rec.meta(key.slot).priority));
         }
-        let assigned = l.local.sampler.insert(key, priority)?;
-        l.local.sampler.remove(key)?;
-        l.record(Change { key, op: LogOp::Insert, target: target::SAMPLER, priority: assigned })?;
+        let assigned = l.insert_new(key, priority, false)?;
         rec.set_priority(key, assigned);
         add(&l.ctl().size, 1);
         l.wake();
@@ -1028,11 +1056,9 @@ impl ReplayTable {
                 l.record(Change { key, op: LogOp::Insert, target: target::REMOVER, priority: p })?;
                 return Ok(p);
             }
-            // Ask the strategy for the priority (max-seen for prioritized
-            // replay when none was given), then log what it chose.
-            let p = l.local.sampler.insert(key, priority)?;
-            l.local.sampler.remove(key)?;
-            l.record(Change { key, op: LogOp::Insert, target: target::BOTH, priority: p })?;
+            // The strategy chooses the priority when none was given
+            // (max-seen for prioritized replay); the log carries its choice.
+            let p = l.insert_new(key, priority, true)?;
             add(&ctl.size, 1);
             Ok(p)
         });
