@@ -59,6 +59,26 @@ fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
                 "-64",
             ],
         ),
+        (
+            "small items (64 B), prioritized",
+            vec![
+                "--steps",
+                "1",
+                "--step-bytes",
+                "56",
+                "--capacity",
+                "1000000",
+                "--inserts",
+                "2000000",
+                "--batch",
+                "256",
+                "--batches",
+                "20000",
+                "--sampler",
+                "prioritized",
+            ],
+        ),
+        ("2 writer processes + 1 sampler", vec!["--writers", "2"]),
     ];
     for (_, a) in &mut w {
         a.extend_from_slice(scale);
@@ -79,8 +99,8 @@ fn bench(args: &[String]) -> Result<()> {
     }
     let gear = root.join("target/release/gear");
     let mut table = String::from(
-        "| workload | insert GB/s | insert / memcpy | sample GB/s | sample / memcpy | memcpy GB/s | sample traj/s |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| workload | insert traj/s | insert GB/s | insert / memcpy | sample traj/s | sample GB/s | sample / memcpy | memcpy GB/s | insert / 2-thread memcpy |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for (name, extra) in workloads(quick) {
         eprintln!("xtask bench: {name}");
@@ -90,14 +110,16 @@ fn bench(args: &[String]) -> Result<()> {
         }
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing gear bench --json")?;
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        let two = r["insert_vs_memcpy_2t"].as_f64().map_or("-".to_owned(), |x| format!("{x:.2}"));
         table += &format!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {two} |\n",
+            f("insert_traj_per_s"),
             f("insert_gb_per_s"),
             f("insert_vs_memcpy"),
+            f("sample_traj_per_s"),
             f("sample_gb_per_s"),
             f("sample_vs_memcpy"),
             f("memcpy_gb_per_s"),
-            f("sample_traj_per_s")
         );
     }
     print!("{table}");
