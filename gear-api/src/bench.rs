@@ -12,28 +12,39 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// The bench workload. The table has three columns: `obs` u8
-/// `[step_bytes]`, `action` i32 `[]`, `reward` f32 `[]`.
-#[derive(Clone, Debug, PartialEq)]
+/// `[step_bytes]`, `action` i32 `[]`, `reward` f32 `[]`. Also the flags of
+/// `gear bench`.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
 pub struct BenchConfig {
-    /// Steps per trajectory (= T).
+    /// Steps per trajectory (T).
+    #[arg(long, default_value_t = 128)]
     pub steps: u64,
-    /// Bytes of `obs` per step.
+    /// Bytes of the `obs` column per step.
+    #[arg(long, default_value_t = 4096)]
     pub step_bytes: u64,
     /// Table capacity in trajectories.
+    #[arg(long, default_value_t = 2048)]
     pub capacity: u64,
     /// Trajectories to insert.
+    #[arg(long, default_value_t = 4096)]
     pub inserts: u64,
-    /// Rows per sampled batch.
+    /// Rows per batch.
+    #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Batches to sample.
+    #[arg(long, default_value_t = 400)]
     pub batches: u64,
-    /// Sampling strategy name (see `gear_sampler::StrategyKind`).
+    /// Sampling strategy: uniform, prioritized, fifo, lifo, max-heap, min-heap.
+    #[arg(long, default_value = "uniform")]
     pub sampler: String,
-    /// Window offset (negative: from the end).
+    /// Window start (negative: from the end).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub window_offset: i64,
     /// Window length; 0 means whole trajectories.
+    #[arg(long, default_value_t = 0)]
     pub window_len: u64,
     /// Seed of the table's random stream.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
 

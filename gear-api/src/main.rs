@@ -48,33 +48,8 @@ enum Command {
     /// Insert and sample throughput, with a memcpy of the same bytes as the
     /// reference.
     Bench {
-        /// Steps per trajectory (T).
-        #[arg(long, default_value_t = 128)]
-        steps: u64,
-        /// Bytes of the `obs` column per step.
-        #[arg(long, default_value_t = 4096)]
-        step_bytes: u64,
-        /// Table capacity in trajectories.
-        #[arg(long, default_value_t = 2048)]
-        capacity: u64,
-        /// Trajectories to insert.
-        #[arg(long, default_value_t = 4096)]
-        inserts: u64,
-        /// Rows per batch.
-        #[arg(long, default_value_t = 32)]
-        batch: usize,
-        /// Batches to sample.
-        #[arg(long, default_value_t = 400)]
-        batches: u64,
-        /// Sampling strategy: uniform, prioritized, fifo, lifo, max-heap, min-heap.
-        #[arg(long, default_value = "uniform")]
-        sampler: String,
-        /// Window start (negative: from the end).
-        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
-        window_offset: i64,
-        /// Window length; 0 = whole trajectories.
-        #[arg(long, default_value_t = 0)]
-        window_len: u64,
+        #[command(flatten)]
+        config: BenchConfig,
         /// Writer processes inserting concurrently while one sampler process
         /// samples (0: one process, inserting then sampling).
         #[arg(long, default_value_t = 0)]
@@ -198,39 +173,14 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Bench {
-            steps,
-            step_bytes,
-            capacity,
-            inserts,
-            batch,
-            batches,
-            sampler,
-            window_offset,
-            window_len,
-            writers,
-            json,
-            backend,
-        } => {
+        Command::Bench { config, writers, json, backend } => {
             if backend == "cuda" {
-                return cuda_bench(steps, step_bytes, capacity, batch, window_len, json);
+                return cuda_bench(&config, json);
             }
             if backend != "cpu" {
                 eprintln!("error: unknown backend `{backend}` (expected cpu or cuda)");
                 return ExitCode::from(2);
             }
-            let config = BenchConfig {
-                steps,
-                step_bytes,
-                capacity,
-                inserts,
-                batch,
-                batches,
-                sampler,
-                window_offset,
-                window_len,
-                ..BenchConfig::default()
-            };
             let mut progress = Progress::new(!json);
             let report = if writers == 0 {
                 run_bench(&config, &mut progress)
@@ -335,14 +285,14 @@ fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_bench(steps: u64, step_bytes: u64, capacity: u64, batch: usize, window_len: u64, json: bool) -> ExitCode {
+fn cuda_bench(c: &BenchConfig, json: bool) -> ExitCode {
     let params = gear_cuda::bench::CudaBenchParams {
         // obs, then action (i32) and reward (f32) as 4-byte columns.
-        step_bytes: vec![step_bytes, 4, 4],
-        max_len: steps,
-        capacity,
-        batch,
-        window: if window_len == 0 { steps } else { window_len },
+        step_bytes: vec![c.step_bytes, 4, 4],
+        max_len: c.steps,
+        capacity: c.capacity,
+        batch: c.batch,
+        window: if c.window_len == 0 { c.steps } else { c.window_len },
         ..Default::default()
     };
     match gear_cuda::bench::run_bench(&params) {
@@ -371,7 +321,7 @@ fn cuda_bench(steps: u64, step_bytes: u64, capacity: u64, batch: usize, window_l
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_bench(_: u64, _: u64, _: u64, _: usize, _: u64, _: bool) -> ExitCode {
+fn cuda_bench(_: &BenchConfig, _: bool) -> ExitCode {
     eprintln!("error: this gear was built without the `cuda` feature (cargo build --release --features cuda)");
     ExitCode::FAILURE
 }
