@@ -76,11 +76,21 @@ impl<'a> ColumnBatch<'a> {
         if T::DTYPE != self.dtype {
             return Err(Error::Config(format!("column `{}` holds {}, not {}", self.name, self.dtype, T::DTYPE)));
         }
+        // A `bool` may only hold 0 or 1; the bytes may come from another
+        // process, so check them rather than trust them.
+        if T::DTYPE == DType::Bool {
+            if let Some(i) = self.bytes.iter().position(|&b| b > 1) {
+                return Err(Error::Integrity(format!(
+                    "column `{}` byte {i} is {}, not a bool (0 or 1)",
+                    self.name, self.bytes[i]
+                )));
+            }
+        }
         let (head, body, tail) = {
-            // SAFETY: `T: Element` is a primitive valid for any bit pattern
-            // of its size (bool excepted, whose bytes the writer checked
-            // only for length: see `Element`), and align_to only yields a
-            // correctly aligned middle part.
+            // SAFETY: `T: Element` is a primitive for which every bit pattern
+            // of its size is a valid value, except `bool`, whose bytes were
+            // checked to be 0 or 1 above; align_to only yields a correctly
+            // aligned middle part.
             unsafe { self.bytes.align_to::<T>() }
         };
         if !head.is_empty() || !tail.is_empty() {

@@ -60,6 +60,15 @@ impl<'a> StepValue<'a> {
                 .into());
             }
         }
+        if col.dtype() == DType::Bool {
+            if let Some(i) = self.bytes.iter().position(|&b| b > 1) {
+                return Err(Error::Trajectory(format!(
+                    "column `{}` is bool, but byte {i} is {} (bools are stored as 0 or 1)",
+                    col.name(),
+                    self.bytes[i]
+                )));
+            }
+        }
         let expected = col.step_bytes()? * steps;
         if self.bytes.len() as u64 != expected {
             return Err(gear_core::Error::StepSize {

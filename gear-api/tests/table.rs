@@ -348,3 +348,16 @@ fn a_lowest_priority_remover_evicts_the_least_useful_trajectory() {
     assert_eq!(e.slot, b.slot);
     let _ = c;
 }
+
+#[test]
+fn bool_columns_hold_only_zero_and_one() {
+    let spec = TableSpec::new(vec![ColumnSpec::new("done", DType::Bool, vec![2])], 2, 2).unwrap();
+    let table = ReplayTable::builder(spec).build().unwrap();
+    let mut t = table.writer().begin(None).unwrap();
+    let e = t.append_step(&[StepValue::bytes(&[1, 7])]).unwrap_err().to_string();
+    assert!(e.contains("column `done` is bool") && e.contains("is 7"), "{e}");
+    t.append_step(&[StepValue::typed(&[true, false])]).unwrap();
+    t.end().unwrap();
+    let mut s = table.sampler(SampleConfig::new(1, WindowSpec::first(1))).unwrap();
+    assert_eq!(s.sample().unwrap().column("done").unwrap().as_slice::<bool>().unwrap(), &[true, false]);
+}
