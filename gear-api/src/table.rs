@@ -25,7 +25,7 @@ use crate::sampler::{SampleConfig, Sampler};
 use crate::writer::Writer;
 use gear_core::{
     check_priority, target, Change, ControlBlock, LogOp, MemoryRegion, RandomSource, Sampled, Selector, SlotKey,
-    SlotState, TableRegion, TableSpec, Xoshiro256, LOG_ENTRIES,
+    SlotState, TableRegion, TableSpec, Xoshiro256,
 };
 use gear_cpu::sync::{futex_wait, futex_wake_all, LockState, ProcessId, ShmMutex, ShmMutexGuard};
 use gear_sampler::{StrategyKind, StrategyParams};
@@ -501,7 +501,8 @@ impl Locked<'_> {
     fn append_log(&mut self, c: Change) {
         let ctl = self.sh.region.control();
         let seq = ctl.log_head.load(Ordering::Relaxed);
-        self.sh.region.log()[(seq % LOG_ENTRIES) as usize].store(seq, c);
+        let log = self.sh.region.log();
+        log[(seq % log.len() as u64) as usize].store(seq, c);
         ctl.log_head.store(seq + 1, Ordering::Relaxed);
         self.local.applied = seq + 1;
     }
@@ -533,12 +534,13 @@ impl Locked<'_> {
             return self.rebuild();
         }
         let head = ctl.log_head.load(Ordering::Relaxed);
-        if head.saturating_sub(self.local.applied) > LOG_ENTRIES || self.local.applied > head {
+        let ring = self.sh.region.log().len() as u64;
+        if head.saturating_sub(self.local.applied) > ring || self.local.applied > head {
             return self.rebuild();
         }
         while self.local.applied < head {
             let seq = self.local.applied;
-            let change = self.sh.region.log()[(seq % LOG_ENTRIES) as usize].load(seq);
+            let change = self.sh.region.log()[(seq % ring) as usize].load(seq);
             match change.map(|c| self.apply(c)) {
                 Some(Ok(())) => self.local.applied = seq + 1,
                 _ => return self.rebuild(),

@@ -2,7 +2,7 @@
 //! table must agree on besides the slot records.
 //!
 //! ```text
-//! | ControlBlock | free list: u32 x capacity | change log: LogEntry x LOG_ENTRIES |
+//! | ControlBlock | free list: u32 x capacity | change log: LogEntry x log_entries(capacity) |
 //! ```
 //!
 //! Everything here is atomics (any bit pattern is a valid value, so a region
@@ -16,7 +16,7 @@
 //! structures, agree across processes: every insert, priority update and
 //! removal is appended (under the lock) with a sequence number, and a
 //! process replays the entries it has not seen before it selects. A process
-//! that fell more than [`LOG_ENTRIES`] behind, or that sees
+//! that fell more than [`log_entries`] behind, or that sees
 //! `rebuild_epoch` change (after a crashed lock holder was repaired),
 //! rebuilds its strategies from the slot records instead.
 
@@ -24,8 +24,16 @@ use crate::slot::SlotKey;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use std::cell::UnsafeCell;
 
-/// Entries in the change log ring.
-pub const LOG_ENTRIES: u64 = 1 << 14;
+/// Fewest entries in the change log ring.
+pub const MIN_LOG_ENTRIES: u64 = 1 << 14;
+
+/// Entries in the change log ring of a table of `capacity` slots: at least
+/// the capacity (rounded up to a power of two), so replaying the log is
+/// never more work than rebuilding from the slot records, which a process
+/// that fell further behind has to do.
+pub fn log_entries(capacity: u64) -> u64 {
+    capacity.checked_next_power_of_two().unwrap_or(1 << 63).max(MIN_LOG_ENTRIES)
+}
 
 /// Bytes reserved for the process-shared mutex.
 pub const MUTEX_BYTES: usize = 64;
@@ -189,7 +197,9 @@ mod tests {
             Change { key: SlotKey { slot: 3, generation: 9 }, op: LogOp::Update, target: target::BOTH, priority: 2.5 };
         e.store(77, c);
         assert_eq!(e.load(77), Some(c));
-        assert_eq!(e.load(77 + LOG_ENTRIES), None);
+        assert_eq!(e.load(77 + MIN_LOG_ENTRIES), None);
+        assert_eq!(log_entries(10), MIN_LOG_ENTRIES);
+        assert_eq!(log_entries(1_000_000), 1 << 20);
         assert_eq!(std::mem::size_of::<ControlBlock>() % 64, 0);
     }
 }

@@ -35,7 +35,7 @@ pub mod transport;
 pub mod window;
 
 pub use collect::{BatchLayout, Collector, GatherRow};
-pub use control::{target, Change, ControlBlock, LogEntry, LogOp, LOG_ENTRIES};
+pub use control::{log_entries, target, Change, ControlBlock, LogEntry, LogOp, MIN_LOG_ENTRIES};
 pub use dtype::{as_bytes, DType, Element};
 pub use error::{Error, Result};
 pub use layout::Layout;

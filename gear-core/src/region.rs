@@ -11,7 +11,7 @@
 //! spec and compares. Any mismatch is an error, never a panic or SIGBUS:
 //! the region may come from another process or be a file that is not ours.
 
-use crate::control::{ControlBlock, LogEntry, LOG_ENTRIES};
+use crate::control::{log_entries, ControlBlock, LogEntry};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::memory::MemoryRegion;
@@ -49,8 +49,10 @@ pub struct RegionLayout {
     pub control_offset: u64,
     /// Offset of the free list (`u32` x capacity).
     pub free_offset: u64,
-    /// Offset of the change log ([`LogEntry`] x [`LOG_ENTRIES`]).
+    /// Offset of the change log.
     pub log_offset: u64,
+    /// Entries in the change log ([`log_entries`] of the capacity).
+    pub log_entries: u64,
     /// Offset of the slot records.
     pub slots_offset: u64,
     /// Offset of the data area.
@@ -73,14 +75,25 @@ impl RegionLayout {
         let free_bytes = spec.capacity().checked_mul(4).ok_or_else(overflow)?;
         let log_offset =
             align_up(free_offset.checked_add(free_bytes).ok_or_else(overflow)?, 64).ok_or_else(overflow)?;
-        let log_bytes = LOG_ENTRIES * std::mem::size_of::<LogEntry>() as u64;
-        let slots_offset = align_up(log_offset + log_bytes, 64).ok_or_else(overflow)?;
+        let log_entries = log_entries(spec.capacity());
+        let log_bytes = log_entries.checked_mul(std::mem::size_of::<LogEntry>() as u64).ok_or_else(overflow)?;
+        let slots_offset =
+            align_up(log_offset.checked_add(log_bytes).ok_or_else(overflow)?, 64).ok_or_else(overflow)?;
         let slots_bytes = spec.capacity().checked_mul(std::mem::size_of::<SlotRecord>() as u64).ok_or_else(overflow)?;
         let data_offset =
             align_up(slots_offset.checked_add(slots_bytes).ok_or_else(overflow)?, DATA_ALIGN).ok_or_else(overflow)?;
         let total_bytes = data_offset.checked_add(Layout::new(spec)?.total_bytes()).ok_or_else(overflow)?;
         usize::try_from(total_bytes).map_err(|_| overflow())?;
-        Ok(RegionLayout { spec_bytes, control_offset, free_offset, log_offset, slots_offset, data_offset, total_bytes })
+        Ok(RegionLayout {
+            spec_bytes,
+            control_offset,
+            free_offset,
+            log_offset,
+            log_entries,
+            slots_offset,
+            data_offset,
+            total_bytes,
+        })
     }
 }
 
@@ -277,12 +290,12 @@ impl<R: MemoryRegion> TableRegion<R> {
 
     /// The change log ring (guarded by the control block's mutex).
     pub fn log(&self) -> &[LogEntry] {
-        // SAFETY: LOG_ENTRIES entries inside the region, 64-byte aligned;
+        // SAFETY: log_entries entries inside the region, 64-byte aligned;
         // any bit pattern is a valid LogEntry (atomics only).
         unsafe {
             std::slice::from_raw_parts(
                 self.base.as_ptr().add(self.region_layout.log_offset as usize).cast::<LogEntry>(),
-                LOG_ENTRIES as usize,
+                self.region_layout.log_entries as usize,
             )
         }
     }
