@@ -38,6 +38,8 @@ compile_error!("gear-api needs the `cpu` feature: tables live in host memory, wh
 pub mod bench;
 pub mod children;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod demo;
 pub mod error;
 pub mod limiter;
@@ -46,6 +48,8 @@ pub mod sampler;
 pub mod table;
 pub mod writer;
 
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaColumn, CudaSampledBatch, CudaSampler, CudaSamplerOptions};
 pub use error::{Error, Result};
 pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, Sampler};

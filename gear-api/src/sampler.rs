@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::table::ReplayTable;
-use gear_core::{BatchLayout, Collector, DType, Element, GatherRow, Sampled, SlotKey, WindowSpec};
+use gear_core::{BatchLayout, Collector, DType, Element, GatherRow, Sampled, SlotKey, TableSpec, WindowSpec};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -43,18 +43,165 @@ impl SampleConfig {
     }
 }
 
+/// What every batch carries whatever the backend: the requested columns
+/// (names, dtypes, shapes), and per row the key, probability and weight.
+#[derive(Debug)]
+pub(crate) struct BatchMeta {
+    pub(crate) names: Vec<String>,
+    pub(crate) dtypes: Vec<DType>,
+    pub(crate) shapes: Vec<Vec<u64>>,
+    pub(crate) keys: Vec<SlotKey>,
+    pub(crate) probabilities: Vec<f64>,
+    pub(crate) weights: Vec<f64>,
+}
+
+impl BatchMeta {
+    fn new(spec: &TableSpec, columns: &[usize], rows: usize) -> Self {
+        let cols = columns.iter().map(|&c| &spec.columns()[c]);
+        BatchMeta {
+            names: cols.clone().map(|c| c.name().to_owned()).collect(),
+            dtypes: cols.clone().map(|c| c.dtype()).collect(),
+            shapes: cols.map(|c| c.shape().to_vec()).collect(),
+            keys: Vec::with_capacity(rows),
+            probabilities: Vec::with_capacity(rows),
+            weights: Vec::with_capacity(rows),
+        }
+    }
+
+    /// The index of a requested column.
+    pub(crate) fn index(&self, name: &str) -> Result<usize> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| Error::Config(format!("column `{name}` was not requested by this sampler")))
+    }
+}
+
+/// How a backend copies the windows of drawn rows into its batch buffers.
+/// Each call returns once the copy has finished reading the table: only
+/// then does a generation check say anything about the bytes read.
+pub(crate) trait RowGather {
+    /// Copies every row.
+    fn gather(&mut self, layout: &BatchLayout, rows: &[GatherRow]) -> Result<()>;
+    /// Copies again the rows listed in `which` (they were redrawn).
+    fn regather(&mut self, layout: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()>;
+    /// Waits for any copy still reading the table (after an error).
+    fn settle(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Valid steps of all rows together, after a copy.
+    fn valid_steps(&self) -> u64;
+}
+
+/// The draw -> copy -> validate -> redraw protocol every sampler follows,
+/// whatever backend copies the bytes, and its reusable buffers.
+#[derive(Debug)]
+pub(crate) struct Draws {
+    pub(crate) layout: BatchLayout,
+    timeout: Option<Duration>,
+    draws: Vec<(Sampled, u64)>,
+    redraws: Vec<(Sampled, u64)>,
+    rows: Vec<GatherRow>,
+    torn: Vec<usize>,
+    retiring: Vec<SlotKey>,
+    /// Bytes of every column of one step, summed over requested columns.
+    step_bytes: u64,
+}
+
+impl Draws {
+    /// Checks `config` against the table and sizes the buffers.
+    pub(crate) fn new(table: &ReplayTable, config: &SampleConfig) -> Result<(Self, BatchMeta)> {
+        if config.batch_size == 0 {
+            return Err(Error::Config("batch size must be at least 1".into()));
+        }
+        let spec = table.spec();
+        let columns: Vec<usize> = if config.columns.is_empty() {
+            (0..spec.columns().len()).collect()
+        } else {
+            config.columns.iter().map(|n| spec.column_index(n)).collect::<gear_core::Result<_>>()?
+        };
+        let layout = BatchLayout::new(table.shared.region.layout(), &columns, config.batch_size, config.window)?;
+        let meta = BatchMeta::new(spec, &columns, config.batch_size);
+        let n = config.batch_size;
+        let draws = Draws {
+            step_bytes: layout.step_bytes.iter().sum(),
+            layout,
+            timeout: config.timeout,
+            draws: Vec::with_capacity(n),
+            redraws: Vec::new(),
+            rows: Vec::with_capacity(n),
+            torn: Vec::new(),
+            retiring: Vec::new(),
+        };
+        Ok((draws, meta))
+    }
+
+    /// Draws one batch and has `copy` fill it. Waits (up to the timeout)
+    /// while the table is empty or the rate limiter holds samplers back.
+    /// Rows whose trajectory was evicted and overwritten during the copy are
+    /// redrawn, so a returned batch never mixes two trajectories in a row.
+    pub(crate) fn sample(&mut self, table: &ReplayTable, copy: &mut dyn RowGather, meta: &mut BatchMeta) -> Result<()> {
+        self.draws.clear();
+        self.retiring.clear();
+        let result = self.draw_and_copy(table, copy);
+        if result.is_err() && !self.retiring.is_empty() {
+            // A copy may still be reading rows about to be freed.
+            let _ = copy.settle();
+        }
+        // Rows retired by max_times_sampled are freed only after the copy.
+        table.retire(&self.retiring);
+        result?;
+        meta.keys.clear();
+        meta.probabilities.clear();
+        meta.weights.clear();
+        for (s, _) in &self.draws {
+            meta.keys.push(s.key);
+            meta.probabilities.push(s.probability);
+            meta.weights.push(s.weight);
+        }
+        let bytes = copy.valid_steps() * self.step_bytes;
+        table.shared.region.control().bytes_gathered.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn draw_and_copy(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) -> Result<()> {
+        let n = self.layout.rows;
+        table.select(n, self.timeout, true, &mut self.draws, &mut self.retiring)?;
+        self.rows.clear();
+        self.rows.extend(self.draws.iter().map(|(s, len)| GatherRow { slot: s.key.slot, len: *len }));
+        copy.gather(&self.layout, &self.rows)?;
+        let slots = table.shared.region.slots();
+        for attempt in 1..=MAX_COPY_ATTEMPTS {
+            self.torn.clear();
+            self.torn.extend((0..n).filter(|&r| {
+                let key = self.draws[r].0.key;
+                !slots[key.slot as usize].read_validate(key)
+            }));
+            if self.torn.is_empty() {
+                return Ok(());
+            }
+            if attempt == MAX_COPY_ATTEMPTS {
+                break;
+            }
+            self.redraws.clear();
+            table.select(self.torn.len(), None, false, &mut self.redraws, &mut self.retiring)?;
+            for (&r, d) in self.torn.iter().zip(&self.redraws) {
+                self.draws[r] = *d;
+                self.rows[r] = GatherRow { slot: d.0.key.slot, len: d.1 };
+            }
+            copy.regather(&self.layout, &self.rows, &self.torn)?;
+        }
+        Err(Error::Torn { attempts: MAX_COPY_ATTEMPTS })
+    }
+}
+
 /// One sampled batch: per column a `[rows, window, *shape]` buffer, the
 /// valid length of each row, and per row the key, probability and
 /// importance weight.
 #[derive(Debug)]
 pub struct SampledBatch {
     host: gear_cpu::HostBatch,
-    names: Vec<String>,
-    dtypes: Vec<DType>,
-    shapes: Vec<Vec<u64>>,
-    keys: Vec<SlotKey>,
-    probabilities: Vec<f64>,
-    weights: Vec<f64>,
+    meta: BatchMeta,
 }
 
 /// One column of a batch.
@@ -103,27 +250,18 @@ impl<'a> ColumnBatch<'a> {
 impl SampledBatch {
     /// Rows in the batch.
     pub fn rows(&self) -> usize {
-        self.keys.len()
+        self.meta.keys.len()
     }
 
     /// The column named `name`.
     pub fn column(&self, name: &str) -> Result<ColumnBatch<'_>> {
-        let i = self
-            .names
-            .iter()
-            .position(|n| n == name)
-            .ok_or_else(|| Error::Config(format!("column `{name}` was not requested by this sampler")))?;
-        Ok(self.column_at(i))
+        Ok(self.column_at(self.meta.index(name)?))
     }
 
     /// The `i`-th requested column.
     pub fn column_at(&self, i: usize) -> ColumnBatch<'_> {
-        ColumnBatch {
-            name: &self.names[i],
-            dtype: self.dtypes[i],
-            step_shape: &self.shapes[i],
-            bytes: self.host.column(i),
-        }
+        let m = &self.meta;
+        ColumnBatch { name: &m.names[i], dtype: m.dtypes[i], step_shape: &m.shapes[i], bytes: self.host.column(i) }
     }
 
     /// Valid steps of each row.
@@ -133,17 +271,17 @@ impl SampledBatch {
 
     /// The key of each row (for priority updates).
     pub fn keys(&self) -> &[SlotKey] {
-        &self.keys
+        &self.meta.keys
     }
 
     /// The probability each row was drawn with.
     pub fn probabilities(&self) -> &[f64] {
-        &self.probabilities
+        &self.meta.probabilities
     }
 
     /// The importance-sampling weight of each row.
     pub fn weights(&self) -> &[f64] {
-        &self.weights
+        &self.meta.weights
     }
 
     /// The batch layout (columns, rows, window).
@@ -152,57 +290,40 @@ impl SampledBatch {
     }
 }
 
-/// Draws batches from one table.
+/// The CPU collector as a [`RowGather`].
+struct HostRows<'a> {
+    collector: &'a gear_cpu::CpuCollector,
+    view: gear_core::TableView<'a>,
+    batch: &'a mut gear_cpu::HostBatch,
+}
+
+impl RowGather for HostRows<'_> {
+    fn gather(&mut self, layout: &BatchLayout, rows: &[GatherRow]) -> Result<()> {
+        Ok(self.collector.gather(&self.view, rows, layout, self.batch)?)
+    }
+
+    fn regather(&mut self, layout: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()> {
+        Ok(self.collector.regather(&self.view, rows, layout, which, self.batch)?)
+    }
+
+    fn valid_steps(&self) -> u64 {
+        self.batch.lengths().iter().sum()
+    }
+}
+
+/// Draws batches from one table into host memory.
 #[derive(Debug)]
 pub struct Sampler {
     table: ReplayTable,
     batch: SampledBatch,
-    /// A copy of the batch buffers' layout, borrowed while they are filled.
-    layout: BatchLayout,
-    timeout: Option<Duration>,
-    draws: Vec<(Sampled, u64)>,
-    redraws: Vec<(Sampled, u64)>,
-    rows: Vec<GatherRow>,
-    retiring: Vec<SlotKey>,
-    /// Bytes of every column of one step, summed over requested columns.
-    step_bytes: u64,
+    draws: Draws,
 }
 
 impl Sampler {
     pub(crate) fn new(table: ReplayTable, config: SampleConfig) -> Result<Self> {
-        if config.batch_size == 0 {
-            return Err(Error::Config("batch size must be at least 1".into()));
-        }
-        let spec = table.spec().clone();
-        let columns: Vec<usize> = if config.columns.is_empty() {
-            (0..spec.columns().len()).collect()
-        } else {
-            config.columns.iter().map(|n| spec.column_index(n)).collect::<gear_core::Result<_>>()?
-        };
-        let layout = BatchLayout::new(table.shared.region.layout(), &columns, config.batch_size, config.window)?;
-        let host = table.shared.collector.alloc_batch(&layout)?;
-        let cols = columns.iter().map(|&c| &spec.columns()[c]);
-        let batch = SampledBatch {
-            host,
-            names: cols.clone().map(|c| c.name().to_owned()).collect(),
-            dtypes: cols.clone().map(|c| c.dtype()).collect(),
-            shapes: cols.map(|c| c.shape().to_vec()).collect(),
-            keys: Vec::with_capacity(config.batch_size),
-            probabilities: Vec::with_capacity(config.batch_size),
-            weights: Vec::with_capacity(config.batch_size),
-        };
-        let step_bytes = layout.step_bytes.iter().sum();
-        Ok(Sampler {
-            table,
-            batch,
-            layout,
-            timeout: config.timeout,
-            draws: Vec::with_capacity(config.batch_size),
-            redraws: Vec::new(),
-            rows: Vec::with_capacity(config.batch_size),
-            retiring: Vec::new(),
-            step_bytes,
-        })
+        let (draws, meta) = Draws::new(&table, &config)?;
+        let host = table.shared.collector.alloc_batch(&draws.layout)?;
+        Ok(Sampler { table, batch: SampledBatch { host, meta }, draws })
     }
 
     /// Draws and gathers one batch. Waits (up to the timeout) while the
@@ -210,55 +331,10 @@ impl Sampler {
     /// trajectory was evicted and overwritten during the copy are redrawn,
     /// so a returned batch never mixes two trajectories in a row.
     pub fn sample(&mut self) -> Result<&SampledBatch> {
-        let n = self.layout.rows;
-        self.draws.clear();
-        self.retiring.clear();
-        let result = self.sample_into(n);
-        // Rows retired by max_times_sampled are freed only after the copy.
-        self.table.retire(&self.retiring);
-        result?;
-        let b = &mut self.batch;
-        b.keys.clear();
-        b.probabilities.clear();
-        b.weights.clear();
-        for (s, _) in &self.draws {
-            b.keys.push(s.key);
-            b.probabilities.push(s.probability);
-            b.weights.push(s.weight);
-        }
-        let valid: u64 = b.host.lengths().iter().sum();
-        self.table.shared.region.control().bytes_gathered.fetch_add(valid * self.step_bytes, Ordering::Relaxed);
-        Ok(&self.batch)
-    }
-
-    fn sample_into(&mut self, n: usize) -> Result<()> {
-        self.table.select(n, self.timeout, true, &mut self.draws, &mut self.retiring)?;
         let sh = &*self.table.shared;
-        self.rows.clear();
-        self.rows.extend(self.draws.iter().map(|(s, len)| GatherRow { slot: s.key.slot, len: *len }));
-        sh.collector.gather(&sh.region.view(), &self.rows, &self.layout, &mut self.batch.host)?;
-        let mut torn = Vec::new();
-        for attempt in 1..=MAX_COPY_ATTEMPTS {
-            torn.clear();
-            torn.extend((0..n).filter(|&r| {
-                let key = self.draws[r].0.key;
-                !sh.region.slots()[key.slot as usize].read_validate(key)
-            }));
-            if torn.is_empty() {
-                return Ok(());
-            }
-            if attempt == MAX_COPY_ATTEMPTS {
-                break;
-            }
-            self.redraws.clear();
-            self.table.select(torn.len(), None, false, &mut self.redraws, &mut self.retiring)?;
-            for (&r, d) in torn.iter().zip(&self.redraws) {
-                self.draws[r] = *d;
-                self.rows[r] = GatherRow { slot: d.0.key.slot, len: d.1 };
-            }
-            sh.collector.regather(&sh.region.view(), &self.rows, &self.layout, &torn, &mut self.batch.host)?;
-        }
-        Err(Error::Torn { attempts: MAX_COPY_ATTEMPTS })
+        let mut copy = HostRows { collector: &sh.collector, view: sh.region.view(), batch: &mut self.batch.host };
+        self.draws.sample(&self.table, &mut copy, &mut self.batch.meta)?;
+        Ok(&self.batch)
     }
 
     /// The table this sampler draws from.

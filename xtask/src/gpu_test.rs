@@ -1,7 +1,8 @@
 //! `cargo xtask gpu-test`: builds gear-cuda's test, bench and example
-//! binaries into a self-contained folder (default `target/gpu-test/`) with a
-//! `run.sh` that runs them on a GPU machine that has no cargo, and runs it
-//! here when this machine has a GPU.
+//! binaries, and gear-api's CUDA sampler test (`gear-api/tests/cuda.rs`,
+//! feature `cuda`, packed as `gear_api_cuda`), into a self-contained folder
+//! (default `target/gpu-test/`) with a `run.sh` that runs them on a GPU
+//! machine that has no cargo, and runs it here when this machine has a GPU.
 //!
 //! xtask dependencies this module needs: `anyhow` and `serde_json` (both in
 //! `[workspace.dependencies]`). Wire it up with `mod gpu_test;` and a
@@ -33,7 +34,8 @@ use std::process::{Command, Stdio};
 
 /// Usage text for `cargo xtask help`.
 pub const USAGE: &str = "gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]
-    build gear-cuda's test binaries into DIR (default target/gpu-test) with a run.sh
+    build gear-cuda's test binaries and gear-api's cuda test into DIR (default
+    target/gpu-test) with a run.sh
     for GPU machines without cargo; run them when a GPU is present";
 
 #[derive(Debug, Default)]
@@ -63,7 +65,7 @@ fn parse(args: &[String]) -> Result<Options> {
     Ok(o)
 }
 
-/// One built executable of gear-cuda.
+/// One built executable of gear-cuda (or gear-api's cuda test).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Artifact {
     /// File name in `bin/`.
@@ -90,9 +92,10 @@ fn workspace_root() -> PathBuf {
     })
 }
 
-/// Runs a cargo command with `--message-format=json` and returns gear-cuda's
-/// executables of `role` from its compiler-artifact messages.
-fn cargo_executables(root: &Path, args: &[&str], role: &'static str) -> Result<Vec<Artifact>> {
+/// Runs a cargo command with `--message-format=json` and returns the
+/// executables of `role` that the crate in directory `krate` (`gear-cuda`,
+/// `gear-api`) built, from its compiler-artifact messages.
+fn cargo_executables(root: &Path, krate: &str, args: &[&str], role: &'static str) -> Result<Vec<Artifact>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(root).args(args).arg("--message-format=json").stdout(Stdio::piped()).stderr(Stdio::inherit());
@@ -102,10 +105,11 @@ fn cargo_executables(root: &Path, args: &[&str], role: &'static str) -> Result<V
         bail!("`cargo {}` failed ({})", args.join(" "), out.status);
     }
     let stdout = String::from_utf8(out.stdout).context("cargo printed non-UTF-8 JSON")?;
-    parse_artifacts(&stdout, role)
+    parse_artifacts(&stdout, krate, role)
 }
 
-fn parse_artifacts(json_lines: &str, role: &'static str) -> Result<Vec<Artifact>> {
+fn parse_artifacts(json_lines: &str, krate: &str, role: &'static str) -> Result<Vec<Artifact>> {
+    let manifest = format!("{krate}/Cargo.toml");
     let mut found = Vec::new();
     for line in json_lines.lines().filter(|l| l.starts_with('{')) {
         let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("bad cargo JSON: {line}"))?;
@@ -113,7 +117,7 @@ fn parse_artifacts(json_lines: &str, role: &'static str) -> Result<Vec<Artifact>
             continue;
         }
         let Some(exe) = v["executable"].as_str() else { continue };
-        let ours = v["manifest_path"].as_str().is_some_and(|m| Path::new(m).ends_with("gear-cuda/Cargo.toml"));
+        let ours = v["manifest_path"].as_str().is_some_and(|m| Path::new(m).ends_with(&manifest));
         if !ours {
             continue;
         }
@@ -238,13 +242,24 @@ pub fn run(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let out = opts.out.clone().unwrap_or_else(|| root.join("target/gpu-test"));
 
-    let tests = cargo_executables(&root, &["test", "-p", "gear-cuda", "--release", "--no-run"], "test")?;
-    let bench = cargo_executables(&root, &["bench", "-p", "gear-cuda", "--no-run"], "bench")?;
-    let examples =
-        cargo_executables(&root, &["build", "-p", "gear-cuda", "--release", "--example", "cuda_bench"], "example")?;
+    let mut tests =
+        cargo_executables(&root, "gear-cuda", &["test", "-p", "gear-cuda", "--release", "--no-run"], "test")?;
     if tests.is_empty() {
         bail!("cargo reported no gear-cuda test executables");
     }
+    let api_args = ["test", "-p", "gear-api", "--features", "cuda", "--release", "--test", "cuda", "--no-run"];
+    let api = cargo_executables(&root, "gear-api", &api_args, "test")?;
+    if api.is_empty() {
+        bail!("cargo reported no executable for gear-api's cuda test");
+    }
+    tests.extend(api.into_iter().map(|a| Artifact { name: format!("gear_api_{}", a.name), ..a }));
+    let bench = cargo_executables(&root, "gear-cuda", &["bench", "-p", "gear-cuda", "--no-run"], "bench")?;
+    let examples = cargo_executables(
+        &root,
+        "gear-cuda",
+        &["build", "-p", "gear-cuda", "--release", "--example", "cuda_bench"],
+        "example",
+    )?;
 
     let bin = out.join("bin");
     if bin.exists() {
@@ -295,12 +310,25 @@ mod tests {
             r#"{"reason":"build-finished","success":true}"#,
         ]
         .join("\n");
-        let tests = parse_artifacts(&lines, "test").unwrap();
+        let tests = parse_artifacts(&lines, "gear-cuda", "test").unwrap();
         let names: Vec<&str> = tests.iter().map(|a| a.name.as_str()).collect();
         assert_eq!(names, ["device", "gear_cuda_unit"]);
-        let ex = parse_artifacts(&lines, "example").unwrap();
+        let ex = parse_artifacts(&lines, "gear-cuda", "example").unwrap();
         assert_eq!(ex.len(), 1);
         assert_eq!(ex[0].path, PathBuf::from("/t/cuda_bench"));
+    }
+
+    #[test]
+    fn picks_gear_api_cuda_test_only_for_gear_api() {
+        let lines = [
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/gear-api/Cargo.toml","target":{"name":"cuda","kind":["test"]},"profile":{"test":true},"executable":"/t/cuda-4"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/gear-cuda/Cargo.toml","target":{"name":"gear_cuda","kind":["lib"]},"profile":{"test":false},"executable":null}"#,
+        ]
+        .join("\n");
+        let api = parse_artifacts(&lines, "gear-api", "test").unwrap();
+        assert_eq!(api.len(), 1);
+        assert_eq!((api[0].name.as_str(), &api[0].path), ("cuda", &PathBuf::from("/t/cuda-4")));
+        assert!(parse_artifacts(&lines, "gear-cuda", "test").unwrap().is_empty());
     }
 
     #[test]

@@ -1,0 +1,268 @@
+//! The CUDA sampler through the public API. Without a CUDA driver,
+//! `cuda_sampler` must fail with a clear "backend unavailable" error (never
+//! a panic). With a device, batches gathered on the GPU must equal, byte
+//! for byte, what the CPU collector gathers for the same keys, and what the
+//! CPU `Sampler` returned for those keys. Device tests print "skipped: no
+//! CUDA device" and pass without one, unless GEAR_REQUIRE_GPU=1. None of
+//! the device tests has run on real hardware yet.
+#![cfg(feature = "cuda")]
+
+use gear_api::{CudaSampler, CudaSamplerOptions, Error, ReplayTable, SampleConfig, StepValue};
+use gear_core::{Collector, ColumnSpec, DType, GatherRow, Pad, SlotKey, TableSpec, WindowSpec};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+fn spec(t: u64, capacity: u64) -> TableSpec {
+    TableSpec::new(
+        vec![
+            ColumnSpec::new("obs", DType::U8, vec![37]),
+            ColumnSpec::new("action", DType::I32, vec![]),
+            ColumnSpec::new("reward", DType::F64, vec![2]),
+        ],
+        t,
+        capacity,
+    )
+    .unwrap()
+}
+
+/// Writes a trajectory of `len` steps whose bytes encode (`id`, step).
+fn write_traj(table: &ReplayTable, id: u8, len: u64) -> SlotKey {
+    let mut traj = table.writer().begin(None).unwrap();
+    for s in 0..len {
+        let obs: Vec<u8> = (0..37u8).map(|i| id.wrapping_mul(31) ^ (s as u8).wrapping_mul(7) ^ i).collect();
+        traj.append_step(&[
+            StepValue::typed(&obs),
+            StepValue::typed(&[i32::from(id) * 1000 + s as i32]),
+            StepValue::typed(&[s as f64, f64::from(id)]),
+        ])
+        .unwrap();
+    }
+    traj.end().unwrap()
+}
+
+fn required() -> bool {
+    std::env::var("GEAR_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+fn skip(reason: &str) {
+    if required() {
+        panic!("GEAR_REQUIRE_GPU=1 but no CUDA device: {reason}");
+    }
+    println!("skipped: no CUDA device ({reason})");
+}
+
+/// The NVRTC directory: `GEAR_NVRTC_DIR`, else where
+/// `gear-cuda/ci/install-nvrtc.sh` installs it, if present.
+fn nvrtc_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("GEAR_NVRTC_DIR").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    let default = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.ci/nvrtc/nvidia/cu13/lib");
+    default.join("libnvrtc.so.13").exists().then_some(default)
+}
+
+/// Whether a device (and NVRTC) can be used; prints the skip otherwise.
+fn device_or_skip() -> bool {
+    if let Err(e) = gear_cuda::probe::driver() {
+        skip(&e.to_string());
+        return false;
+    }
+    // The first NVRTC probe of the process decides where it is loaded from.
+    if let Err(e) = gear_cuda::probe::nvrtc_from(nvrtc_dir().as_deref()) {
+        skip(&format!("NVRTC not found: {e}"));
+        return false;
+    }
+    true
+}
+
+#[test]
+fn without_a_driver_cuda_sampler_is_a_clear_error() {
+    if gear_cuda::probe::has_device() {
+        println!("skipped: a CUDA device is present, nothing to check here");
+        return;
+    }
+    let table = ReplayTable::builder(spec(8, 4)).build().unwrap();
+    write_traj(&table, 1, 5);
+    for options in [CudaSamplerOptions::default(), CudaSamplerOptions::new(3)] {
+        let err = table.cuda_sampler(SampleConfig::new(2, WindowSpec::last(4)), options).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("backend: cuda backend unavailable: "), "{msg}");
+        assert!(msg.contains("driver") || msg.contains("device"), "the reason is given: {msg}");
+        let Error::Backend(inner) = &err else { panic!("expected a backend error, got {err:?}") };
+        let cuda = inner.downcast_ref::<gear_cuda::Error>().expect("the gear-cuda error is kept");
+        assert!(matches!(cuda, gear_cuda::Error::BackendUnavailable(_)), "{cuda:?}");
+    }
+    // The table is unharmed: the CPU path still samples.
+    let mut sampler = table.sampler(SampleConfig::new(2, WindowSpec::last(4))).unwrap();
+    assert_eq!(sampler.sample().unwrap().lengths(), &[4, 4]);
+}
+
+#[test]
+fn bad_configurations_are_refused_before_any_device_is_touched() {
+    let table = ReplayTable::builder(spec(8, 4)).build().unwrap();
+    let err = table.cuda_sampler(SampleConfig::new(0, WindowSpec::last(4)), Default::default()).unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    let err = table
+        .cuda_sampler(SampleConfig::new(2, WindowSpec::last(4)).columns(["nope"]), Default::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::Core(_)), "{err}");
+    let err = table.cuda_sampler(SampleConfig::new(2, WindowSpec::last(9)), Default::default()).unwrap_err();
+    assert!(matches!(err, Error::Core(_)), "a window longer than T: {err}");
+}
+
+#[test]
+fn cuda_sampler_is_send() {
+    fn send<T: Send>() {}
+    send::<CudaSampler>();
+    send::<CudaSamplerOptions>();
+}
+
+/// Checks the sampler's last batch against the CPU collector gathering
+/// the same keys through the sampler's table view, and against the rows the
+/// CPU `Sampler` returned for those keys (`cpu_rows`: key to bytes per
+/// column). Returns the keys.
+fn check_last_batch(
+    sampler: &CudaSampler,
+    lens: &HashMap<SlotKey, u64>,
+    cpu_rows: &HashMap<SlotKey, Vec<Vec<u8>>>,
+    what: &str,
+) -> Vec<SlotKey> {
+    let batch = sampler.batch();
+    let layout = batch.layout().clone();
+    assert_eq!(batch.rows(), layout.rows, "{what}");
+    assert_eq!(batch.probabilities().len(), layout.rows, "{what}");
+    assert_eq!(batch.weights().len(), layout.rows, "{what}");
+    let rows: Vec<GatherRow> = batch.keys().iter().map(|k| GatherRow { slot: k.slot, len: lens[k] }).collect();
+    let cpu = gear_cpu::CpuCollector::with_threads(1);
+    let mut reference = cpu.alloc_batch(&layout).unwrap();
+    cpu.gather(&sampler.table_view(), &rows, &layout, &mut reference).unwrap();
+    assert_eq!(batch.lengths(), reference.lengths(), "{what}: valid lengths");
+    assert_eq!(
+        batch.cuda_batch().lengths_from_device().unwrap(),
+        reference.lengths(),
+        "{what}: lengths the kernel wrote"
+    );
+    for c in 0..batch.columns() {
+        let got = batch.column_to_host(c).unwrap();
+        assert_eq!(got.len() as u64, batch.column_at(c).bytes(), "{what}");
+        assert!(got == reference.column(c), "{what}: column {c} differs from the cpu collector");
+        let row_bytes = layout.row_bytes(c) as usize;
+        for (r, key) in batch.keys().iter().enumerate() {
+            if let Some(want) = cpu_rows.get(key) {
+                assert!(
+                    got[r * row_bytes..][..row_bytes] == want[c][..],
+                    "{what}: row {r} ({key}) column {c} differs from the cpu sampler"
+                );
+            }
+        }
+    }
+    batch.keys().to_vec()
+}
+
+/// Rows the CPU `Sampler` returns, by key, over `draws` batches.
+fn cpu_sampler_rows(table: &ReplayTable, config: SampleConfig, draws: usize) -> HashMap<SlotKey, Vec<Vec<u8>>> {
+    let mut sampler = table.sampler(config).unwrap();
+    let mut rows = HashMap::new();
+    for _ in 0..draws {
+        let batch = sampler.sample().unwrap();
+        let layout = batch.layout().clone();
+        for (r, key) in batch.keys().iter().enumerate() {
+            let cols = (0..layout.columns.len())
+                .map(|c| {
+                    let n = layout.row_bytes(c) as usize;
+                    batch.column_at(c).bytes[r * n..][..n].to_vec()
+                })
+                .collect();
+            rows.insert(*key, cols);
+        }
+    }
+    rows
+}
+
+#[test]
+fn device_batches_equal_the_cpu_gather_byte_for_byte() {
+    if !device_or_skip() {
+        return;
+    }
+    let table = ReplayTable::builder(spec(12, 16)).seed(7).build().unwrap();
+    let mut lens = HashMap::new();
+    for id in 0..16u8 {
+        let len = 1 + u64::from(id) % 12;
+        lens.insert(write_traj(&table, id, len), len);
+    }
+    let windows = [
+        WindowSpec::last(5),
+        WindowSpec { offset: 2, len: 6, pad: Pad::Tail },
+        WindowSpec { offset: -3, len: 8, pad: Pad::Head },
+        WindowSpec::whole(12),
+    ];
+    for (w, window) in windows.into_iter().enumerate() {
+        for columns in [vec![], vec!["reward".to_owned(), "obs".to_owned()]] {
+            let config = SampleConfig::new(9, window).columns(columns.clone());
+            let cpu_rows = cpu_sampler_rows(&table, config.clone(), 20);
+            let mut sampler = table.cuda_sampler(config, CudaSamplerOptions::default()).unwrap();
+            for round in 0..10 {
+                sampler.sample().unwrap();
+                check_last_batch(&sampler, &lens, &cpu_rows, &format!("window {w} columns {columns:?} round {round}"));
+            }
+        }
+    }
+    assert!(table.info().unwrap().bytes_gathered > 0);
+}
+
+#[test]
+fn samplers_share_one_registration_and_accept_a_stream() {
+    if !device_or_skip() {
+        return;
+    }
+    let table = ReplayTable::builder(spec(12, 8)).build().unwrap();
+    let mut lens = HashMap::new();
+    for id in 0..8u8 {
+        lens.insert(write_traj(&table, id, 12), 12);
+    }
+    let config = SampleConfig::new(4, WindowSpec::last(3));
+    // A second sampler of the same table in the same process must not
+    // register the memory again (the driver would refuse).
+    let mut a = table.cuda_sampler(config.clone(), CudaSamplerOptions::default()).unwrap();
+    let stream = a.device().new_stream().unwrap();
+    let mut b = table.cuda_sampler(config.clone(), CudaSamplerOptions::new(0).stream(stream.clone())).unwrap();
+    assert!(**b.stream() == *stream);
+    let none = HashMap::new();
+    for round in 0..5 {
+        a.sample().unwrap();
+        b.sample().unwrap().wait_on(&stream).unwrap();
+        check_last_batch(&a, &lens, &none, &format!("a round {round}"));
+        check_last_batch(&b, &lens, &none, &format!("b round {round}"));
+    }
+    // Dropping every sampler unregisters; a new one registers afresh.
+    drop(a);
+    drop(b);
+    let mut c = table.cuda_sampler(config, CudaSamplerOptions::default()).unwrap();
+    c.sample().unwrap();
+    check_last_batch(&c, &lens, &none, "after re-registration");
+}
+
+#[test]
+fn a_shared_memory_queue_retires_what_the_gpu_sampled() {
+    if !device_or_skip() {
+        return;
+    }
+    let name = format!("gear-test-cuda-queue-{}", std::process::id());
+    let table = ReplayTable::builder(spec(12, 8)).shared_memory(name).queue(8).unwrap().build().unwrap();
+    let mut lens = HashMap::new();
+    for id in 0..8u8 {
+        lens.insert(write_traj(&table, id, 3 + u64::from(id)), 3 + u64::from(id));
+    }
+    let mut sampler = table.cuda_sampler(SampleConfig::new(4, WindowSpec::last(4)), Default::default()).unwrap();
+    let none = HashMap::new();
+    sampler.sample().unwrap();
+    let mut seen = check_last_batch(&sampler, &lens, &none, "first half");
+    sampler.sample().unwrap();
+    seen.extend(check_last_batch(&sampler, &lens, &none, "second half"));
+    seen.sort();
+    let mut all: Vec<SlotKey> = lens.keys().copied().collect();
+    all.sort();
+    assert_eq!(seen, all, "a queue hands out every trajectory exactly once");
+    let info = table.info().unwrap();
+    assert_eq!((info.retired, info.size), (8, 0));
+}
