@@ -43,6 +43,10 @@ pub struct BenchConfig {
     /// Window length; 0 means whole trajectories.
     #[arg(long, default_value_t = 0)]
     pub window_len: u64,
+    /// Start each row's window at a random step of its trajectory (R2D2
+    /// sequence sampling) instead of at --window-offset.
+    #[arg(long)]
+    pub random_offsets: bool,
     /// Seed of the table's random stream.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -60,6 +64,7 @@ impl Default for BenchConfig {
             sampler: "uniform".into(),
             window_offset: 0,
             window_len: 0,
+            random_offsets: false,
             seed: 1,
         }
     }
@@ -99,6 +104,11 @@ pub struct BenchReport {
     /// `insert_gb_per_s / memcpy_2t_gb_per_s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insert_vs_memcpy_2t: Option<f64>,
+}
+
+fn sample_config(c: &BenchConfig) -> Result<SampleConfig> {
+    let config = SampleConfig::new(c.batch, window_for(c)?);
+    Ok(if c.random_offsets { config.random_start() } else { config })
 }
 
 fn window_for(c: &BenchConfig) -> Result<WindowSpec> {
@@ -181,7 +191,7 @@ fn memcpy_reference(chunk: usize, dst_len: usize, total: u64, threads: usize) ->
 /// Runs the bench; `progress` shows what runs while it runs.
 pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport> {
     let spec = spec_for(c)?;
-    let window = window_for(c)?;
+    sample_config(c)?;
     let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
     let table = ReplayTable::builder(spec.clone()).sampler_kind(strategy, Default::default()).seed(c.seed).build()?;
     let data = Trajectory::new(c.steps, c.step_bytes);
@@ -197,7 +207,7 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     let insert_s = t.elapsed().as_secs_f64();
     progress.done();
 
-    let mut sampler = table.sampler(SampleConfig::new(c.batch, window))?;
+    let mut sampler = table.sampler(sample_config(c)?)?;
     let before = table.info()?.bytes_gathered;
     progress.phase("sample", c.batches);
     let t = Instant::now();
@@ -264,7 +274,7 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         return Err(Error::Config("--writers must be at least 1".into()));
     }
     let spec = spec_for(c)?;
-    window_for(c)?;
+    sample_config(c)?;
     let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
     let name = format!("gear-bench-{}", std::process::id());
     let table = ReplayTable::builder(spec.clone())
@@ -302,6 +312,9 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         "--window-len".into(),
         c.window_len.to_string(),
     ]);
+    if c.random_offsets {
+        args.push("--random-offsets".into());
+    }
     let sampler = spawn("bench sampler", &args)?;
     let writer_stats = kids.into_iter().map(GearChild::finish).collect::<Result<Vec<WriterStats>>>()?;
     let sampler_stats: SamplerStats = sampler.finish()?;
@@ -353,10 +366,10 @@ pub fn writer_process(table: &str, count: u64, steps: u64, step_bytes: u64) -> R
 }
 
 /// `gear bench-sampler`: samples `batches` batches from a shared table.
-pub fn sampler_process(table: &str, batches: u64, batch: usize, window_offset: i64, window_len: u64) -> Result<()> {
+pub fn sampler_process(table: &str, batches: u64, config: &BenchConfig) -> Result<()> {
     let t = ReplayTable::attach(table, AttachOptions::default())?;
-    let c = BenchConfig { steps: t.spec().max_len(), window_offset, window_len, ..Default::default() };
-    let mut sampler = t.sampler(SampleConfig::new(batch, window_for(&c)?))?;
+    let c = BenchConfig { steps: t.spec().max_len(), ..config.clone() };
+    let mut sampler = t.sampler(sample_config(&c)?)?;
     let step_bytes = t.spec().step_bytes();
     let (mut rows, mut bytes) = (0u64, 0u64);
     let start = Instant::now();

@@ -322,6 +322,11 @@ impl CudaSampledBatch {
         &self.meta.weights
     }
 
+    /// For each row, the stored step its first copied step came from.
+    pub fn starts(&self) -> &[u64] {
+        &self.meta.starts
+    }
+
     /// The batch layout (columns, rows, window).
     pub fn layout(&self) -> &BatchLayout {
         self.device.layout()

@@ -122,6 +122,8 @@ enum Command {
         window_offset: i64,
         #[arg(long)]
         window_len: u64,
+        #[arg(long)]
+        random_offsets: bool,
     },
 }
 
@@ -220,8 +222,18 @@ fn main() -> ExitCode {
         Command::BenchWriter { table, steps, step_bytes, count } => {
             gear_api::bench::writer_process(&table, count, steps, step_bytes)
         }
-        Command::BenchSampler { table, steps: _, step_bytes: _, batches, batch, window_offset, window_len } => {
-            gear_api::bench::sampler_process(&table, batches, batch, window_offset, window_len)
+        Command::BenchSampler {
+            table,
+            steps: _,
+            step_bytes: _,
+            batches,
+            batch,
+            window_offset,
+            window_len,
+            random_offsets,
+        } => {
+            let config = BenchConfig { batch, window_offset, window_len, random_offsets, ..BenchConfig::default() };
+            gear_api::bench::sampler_process(&table, batches, &config)
         }
     };
     match result {

@@ -3,8 +3,11 @@
 
 use crate::error::{Error, Result};
 use crate::table::ReplayTable;
-use gear_core::{BatchLayout, Collector, DType, Element, GatherRow, Sampled, SlotKey, TableSpec, WindowSpec};
-use std::sync::atomic::Ordering;
+use gear_core::{
+    BatchLayout, Collector, DType, Element, GatherRow, RandomSource, Sampled, SlotKey, TableSpec, WindowSpec,
+    Xoshiro256,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Attempts at copying a batch before giving up with [`Error::Torn`].
@@ -22,12 +25,32 @@ pub struct SampleConfig {
     /// How long a sample may wait for data or the rate limiter (`None`:
     /// forever).
     pub timeout: Option<Duration>,
+    /// Start each row's window at a random step (see
+    /// [`SampleConfig::random_start`]).
+    pub random_start: bool,
 }
 
 impl SampleConfig {
     /// All columns, `batch_size` rows of `window`, waiting at most 10 s.
     pub fn new(batch_size: usize, window: WindowSpec) -> Self {
-        SampleConfig { columns: Vec::new(), batch_size, window, timeout: Some(Duration::from_secs(10)) }
+        SampleConfig {
+            columns: Vec::new(),
+            batch_size,
+            window,
+            timeout: Some(Duration::from_secs(10)),
+            random_start: false,
+        }
+    }
+
+    /// Start each row's window at a uniformly random step of its trajectory
+    /// (R2D2-style sequence sampling) instead of at `window.offset`: a
+    /// trajectory of `k >= window.len` published steps gives one of its
+    /// `k - window.len + 1` full windows, each equally likely; a shorter one
+    /// gives all its steps, padded as `window.pad` says. `window.offset` is
+    /// not used. [`SampledBatch::starts`] tells where each row begins.
+    pub fn random_start(mut self) -> Self {
+        self.random_start = true;
+        self
     }
 
     /// Only these columns.
@@ -53,6 +76,8 @@ pub(crate) struct BatchMeta {
     pub(crate) keys: Vec<SlotKey>,
     pub(crate) probabilities: Vec<f64>,
     pub(crate) weights: Vec<f64>,
+    /// The stored step each row's first copied step came from.
+    pub(crate) starts: Vec<u64>,
 }
 
 impl BatchMeta {
@@ -65,6 +90,7 @@ impl BatchMeta {
             keys: Vec::with_capacity(rows),
             probabilities: Vec::with_capacity(rows),
             weights: Vec::with_capacity(rows),
+            starts: Vec::with_capacity(rows),
         }
     }
 
@@ -106,7 +132,12 @@ pub(crate) struct Draws {
     retiring: Vec<SlotKey>,
     /// Bytes of every column of one step, summed over requested columns.
     step_bytes: u64,
+    /// Where random window starts come from, when rows start at random.
+    random_starts: Option<Xoshiro256>,
 }
+
+/// Distinguishes the random streams of samplers made by one process.
+static SAMPLERS_MADE: AtomicU64 = AtomicU64::new(0);
 
 impl Draws {
     /// Checks `config` against the table and sizes the buffers.
@@ -120,8 +151,21 @@ impl Draws {
         } else {
             config.columns.iter().map(|n| spec.column_index(n)).collect::<gear_core::Result<_>>()?
         };
-        let layout = BatchLayout::new(table.shared.region.layout(), &columns, config.batch_size, config.window)?;
+        // A random start is "the last `len` steps of the trajectory cut
+        // short at a random point": the window rule needs no per-row offset.
+        let window = if config.random_start {
+            WindowSpec { offset: -(config.window.len.min(i64::MAX as u64) as i64), ..config.window }
+        } else {
+            config.window
+        };
+        let layout = BatchLayout::new(table.shared.region.layout(), &columns, config.batch_size, window)?;
         let meta = BatchMeta::new(spec, &columns, config.batch_size);
+        let random_starts = config.random_start.then(|| {
+            let n = SAMPLERS_MADE.fetch_add(1, Ordering::Relaxed);
+            Xoshiro256::seed_from_u64(
+                table.seed() ^ u64::from(std::process::id()).rotate_left(32) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            )
+        });
         let n = config.batch_size;
         let draws = Draws {
             step_bytes: layout.step_bytes.iter().sum(),
@@ -132,6 +176,7 @@ impl Draws {
             rows: Vec::with_capacity(n),
             torn: Vec::new(),
             retiring: Vec::new(),
+            random_starts,
         };
         Ok((draws, meta))
     }
@@ -154,10 +199,12 @@ impl Draws {
         meta.keys.clear();
         meta.probabilities.clear();
         meta.weights.clear();
-        for (s, _) in &self.draws {
+        meta.starts.clear();
+        for ((s, _), row) in self.draws.iter().zip(&self.rows) {
             meta.keys.push(s.key);
             meta.probabilities.push(s.probability);
             meta.weights.push(s.weight);
+            meta.starts.push(self.layout.window.resolve(row.len).src_step);
         }
         let bytes = copy.valid_steps() * self.step_bytes;
         table.shared.region.control().bytes_gathered.fetch_add(bytes, Ordering::Relaxed);
@@ -168,7 +215,11 @@ impl Draws {
         let n = self.layout.rows;
         table.select(n, self.timeout, true, &mut self.draws, &mut self.retiring)?;
         self.rows.clear();
-        self.rows.extend(self.draws.iter().map(|(s, len)| GatherRow { slot: s.key.slot, len: *len }));
+        for r in 0..n {
+            let (s, len) = self.draws[r];
+            let row = self.row(s.key, len);
+            self.rows.push(row);
+        }
         copy.gather(&self.layout, &self.rows)?;
         let slots = table.shared.region.slots();
         for attempt in 1..=MAX_COPY_ATTEMPTS {
@@ -185,13 +236,26 @@ impl Draws {
             }
             self.redraws.clear();
             table.select(self.torn.len(), None, false, &mut self.redraws, &mut self.retiring)?;
-            for (&r, d) in self.torn.iter().zip(&self.redraws) {
-                self.draws[r] = *d;
-                self.rows[r] = GatherRow { slot: d.0.key.slot, len: d.1 };
+            for i in 0..self.torn.len().min(self.redraws.len()) {
+                let (r, d) = (self.torn[i], self.redraws[i]);
+                self.draws[r] = d;
+                self.rows[r] = self.row(d.0.key, d.1);
             }
             copy.regather(&self.layout, &self.rows, &self.torn)?;
         }
         Err(Error::Torn { attempts: MAX_COPY_ATTEMPTS })
+    }
+
+    /// The gather row of a drawn key whose trajectory has `len` published
+    /// steps: with random starts, cut at a random point so that the window
+    /// (its last `window.len` steps) starts uniformly at random.
+    fn row(&mut self, key: SlotKey, len: u64) -> GatherRow {
+        let l = self.layout.window.len;
+        let len = match &mut self.random_starts {
+            Some(rng) if len > l => l + rng.below(len - l + 1),
+            _ => len,
+        };
+        GatherRow { slot: key.slot, len }
     }
 }
 
@@ -282,6 +346,12 @@ impl SampledBatch {
     /// The importance-sampling weight of each row.
     pub fn weights(&self) -> &[f64] {
         &self.meta.weights
+    }
+
+    /// For each row, the stored step its first copied step came from (the
+    /// window's start; 0 for a row with no steps).
+    pub fn starts(&self) -> &[u64] {
+        &self.meta.starts
     }
 
     /// The batch layout (columns, rows, window).

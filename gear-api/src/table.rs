@@ -828,6 +828,11 @@ impl ReplayTable {
         self.shared.region.spec()
     }
 
+    /// The seed the table was built with.
+    pub(crate) fn seed(&self) -> u64 {
+        self.shared.region.control().policy[policy::SEED].load(Ordering::Relaxed)
+    }
+
     /// The memory region's name, for shared tables.
     pub fn name(&self) -> Option<&str> {
         self.shared.region.region().name()

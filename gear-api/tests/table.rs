@@ -391,3 +391,43 @@ fn strategy_mirrors_agree_through_log_replay_and_after_falling_behind_the_ring()
     assert_eq!(oa.len(), 16);
     assert_eq!(oa, ob, "a rebuilt mirror matches");
 }
+
+#[test]
+fn random_starts_cover_every_full_window_uniformly_and_pad_short_trajectories() {
+    let table = ReplayTable::builder(spec3(20, 2)).seed(5).build().unwrap();
+    let long = write_traj(&table, 1, 20, None);
+    let short = write_traj(&table, 2, 3, None);
+    let mut sampler = table
+        .sampler(
+            SampleConfig::new(64, WindowSpec { offset: 7, len: 5, pad: Pad::Head }).columns(["obs"]).random_start(),
+        )
+        .unwrap();
+    let mut counts = [0u32; 16];
+    for _ in 0..100 {
+        let batch = sampler.sample().unwrap();
+        let obs = batch.column("obs").unwrap().bytes;
+        for (r, key) in batch.keys().iter().enumerate() {
+            let (start, n) = (batch.starts()[r], batch.lengths()[r]);
+            let row = &obs[r * 30..(r + 1) * 30];
+            if *key == long {
+                assert_eq!(n, 5);
+                assert!(start <= 15, "a full window of 5 from 20 steps starts at 0..=15, got {start}");
+                counts[start as usize] += 1;
+                for j in 0..5 {
+                    assert_eq!(&row[j * 6..j * 6 + 2], &[1, (start + j as u64) as u8]);
+                }
+            } else {
+                assert_eq!(*key, short);
+                assert_eq!((start, n), (0, 3), "a short trajectory gives all its steps");
+                assert_eq!(&row[..12], &[0u8; 12], "head padding first");
+                assert_eq!(&row[12..14], &[2, 0]);
+            }
+        }
+    }
+    // About 3200 long rows over 16 starts (~200 each); a chi-square with 15
+    // degrees of freedom stays under 37.7 at p = 0.001 for a uniform draw.
+    let total: u32 = counts.iter().sum();
+    let expected = f64::from(total) / 16.0;
+    let chi2: f64 = counts.iter().map(|&c| (f64::from(c) - expected).powi(2) / expected).sum();
+    assert!(chi2 < 37.7, "starts are not uniform: {counts:?} (chi2 {chi2:.1})");
+}

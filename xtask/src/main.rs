@@ -60,6 +60,10 @@ fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
             ],
         ),
         (
+            "windows 64 of 1000 steps, random starts",
+            vec!["--steps", "1000", "--capacity", "256", "--inserts", "512", "--window-len", "64", "--random-offsets"],
+        ),
+        (
             "small items (64 B), prioritized",
             vec![
                 "--steps",
