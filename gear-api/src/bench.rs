@@ -140,9 +140,10 @@ impl Trajectory {
 
     fn insert(&self, writer: &crate::Writer, steps: u64, priority: f64) -> Result<()> {
         let mut traj = writer.begin(Some(priority))?;
-        traj.append_column("obs", steps, StepValue::typed(&self.obs))?;
-        traj.append_column("action", steps, StepValue::typed(&self.actions))?;
-        traj.append_column("reward", steps, StepValue::typed(&self.rewards))?;
+        // Columns by index (obs, action, reward), as a hot loop would.
+        traj.append_column(0, steps, StepValue::typed(&self.obs))?;
+        traj.append_column(1, steps, StepValue::typed(&self.actions))?;
+        traj.append_column(2, steps, StepValue::typed(&self.rewards))?;
         traj.end()?;
         Ok(())
     }

@@ -988,7 +988,9 @@ impl ReplayTable {
                     l.reap()?;
                     match l.pop_free() {
                         Some(slot) => slot,
-                        None => self.evict_one(&mut l)?.ok_or(Error::TableFull { capacity: self.spec().capacity() })?,
+                        None => self
+                            .evict_one(&mut l)?
+                            .ok_or_else(|| Error::TableFull { capacity: self.spec().capacity() })?,
                     }
                 }
             },

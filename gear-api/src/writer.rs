@@ -41,8 +41,8 @@ impl<'a> StepValue<'a> {
     }
 
     /// Checks this value as `steps` steps of column `c`.
-    fn check(&self, spec: &TableSpec, c: usize, steps: u64) -> Result<()> {
-        let col = &spec.columns()[c];
+    fn check(&self, table: &ReplayTable, c: usize, steps: u64) -> Result<()> {
+        let col = &table.spec().columns()[c];
         if let Some(d) = self.dtype {
             if d != col.dtype() {
                 return Err(
@@ -69,7 +69,9 @@ impl<'a> StepValue<'a> {
                 )));
             }
         }
-        let expected = col.step_bytes()? * steps;
+        // Per step from the precomputed layout; `steps` is the caller's, so
+        // the product is checked.
+        let expected = table.shared.region.layout().step_bytes(c).checked_mul(steps).unwrap_or(u64::MAX);
         if self.bytes.len() as u64 != expected {
             return Err(gear_core::Error::StepSize {
                 column: col.name().into(),
@@ -181,7 +183,7 @@ impl Trajectory {
             return Err(gear_core::Error::StepColumns { got: values.len(), expected: spec.columns().len() }.into());
         }
         for (c, v) in values.iter().enumerate() {
-            v.check(spec, c, 1)?;
+            v.check(&self.table, c, 1)?;
             self.check_room(c, 1)?;
         }
         for (c, v) in values.iter().enumerate() {
@@ -194,8 +196,8 @@ impl Trajectory {
     /// back). Steps become readable once every column has them.
     pub fn append_column(&mut self, column: impl ColumnId, steps: u64, value: StepValue<'_>) -> Result<()> {
         let c = column.index_in(self.table.spec())?;
-        value.check(self.table.spec(), c, steps)?;
         self.check_room(c, steps)?;
+        value.check(&self.table, c, steps)?;
         self.write(c, value.bytes, steps)?;
         self.publish()
     }
@@ -205,7 +207,7 @@ impl Trajectory {
             return Err(Error::Trajectory(format!("trajectory {} already ended", self.key)));
         }
         let spec = self.table.spec();
-        if self.written[c] + steps > spec.max_len() {
+        if self.written[c].checked_add(steps).is_none_or(|n| n > spec.max_len()) {
             return Err(gear_core::Error::TrajectoryTooLong {
                 column: spec.columns()[c].name().into(),
                 max_len: spec.max_len(),

@@ -161,6 +161,11 @@ fn wrong_steps_are_refused_and_harm_nothing() {
     let e = err(traj.append_step(&[StepValue::typed(&obs), StepValue::typed(&[3]), StepValue::typed(&[0f32, 0.0])]));
     assert!(e.contains("exceed the maximum length of 3"), "{e}");
     assert_eq!(traj.len(), 3);
+    // Absurd step counts are refused, not overflowed.
+    for steps in [u64::MAX, u64::MAX / 2] {
+        let e = traj.append_column("obs", steps, StepValue::bytes(&obs)).unwrap_err().to_string();
+        assert!(e.contains("exceed the maximum length"), "{e}");
+    }
     // Column by column: unequal lengths cannot be committed.
     let mut partial = table.writer().begin(None).unwrap();
     partial.append_column("obs", 2, StepValue::bytes(&[7u8; 12])).unwrap();

@@ -317,7 +317,7 @@ impl<R: MemoryRegion> TableRegion<R> {
     pub fn slot(&self, slot: u32) -> Result<&SlotRecord> {
         self.slots()
             .get(slot as usize)
-            .ok_or(Error::SlotOutOfRange { slot: u64::from(slot), capacity: self.spec.capacity() })
+            .ok_or_else(|| Error::SlotOutOfRange { slot: u64::from(slot), capacity: self.spec.capacity() })
     }
 
     /// Host address of the data area.
@@ -347,7 +347,7 @@ impl<R: MemoryRegion> TableRegion<R> {
             .spec
             .columns()
             .get(column)
-            .ok_or(Error::ColumnIndex { index: column, count: self.spec.columns().len() })?;
+            .ok_or_else(|| Error::ColumnIndex { index: column, count: self.spec.columns().len() })?;
         let s = self.layout.step_bytes(column);
         let n = bytes.len() as u64;
         if n % s != 0 {
@@ -372,7 +372,8 @@ impl<R: MemoryRegion> TableRegion<R> {
     /// key is not current or the range is not published.
     pub fn read_steps(&self, key: SlotKey, column: usize, first_step: u64, out: &mut [u8]) -> Result<bool> {
         let rec = self.slot(key.slot)?;
-        let published = rec.read_begin(key).ok_or(Error::StaleKey { slot: key.slot, generation: key.generation })?;
+        let published =
+            rec.read_begin(key).ok_or_else(|| Error::StaleKey { slot: key.slot, generation: key.generation })?;
         if column >= self.layout.columns() {
             return Err(Error::ColumnIndex { index: column, count: self.layout.columns() });
         }

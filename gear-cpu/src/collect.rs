@@ -279,8 +279,9 @@ impl Collector for CpuCollector {
     }
 
     fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut HostBatch) -> Result<()> {
-        let bytes = SharedBytes::of_view(src)
-            .ok_or(Error::Unsupported("the cpu collector reads host memory, and this table has no host address"))?;
+        let bytes = SharedBytes::of_view(src).ok_or_else(|| {
+            Error::Unsupported("the cpu collector reads host memory, and this table has no host address")
+        })?;
         let table_layout = src.layout();
         validate(table_layout, rows, layout)?;
         out.prepare(layout)?;
@@ -340,8 +341,9 @@ impl Collector for CpuCollector {
         which: &[usize],
         out: &mut HostBatch,
     ) -> Result<()> {
-        let bytes = SharedBytes::of_view(src)
-            .ok_or(Error::Unsupported("the cpu collector reads host memory, and this table has no host address"))?;
+        let bytes = SharedBytes::of_view(src).ok_or_else(|| {
+            Error::Unsupported("the cpu collector reads host memory, and this table has no host address")
+        })?;
         let table_layout = src.layout();
         validate(table_layout, rows, layout)?;
         if let Some(&r) = which.iter().find(|&&r| r >= rows.len()) {
