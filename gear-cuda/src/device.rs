@@ -160,16 +160,7 @@ impl CudaDevice {
     /// Compiles every kernel now, so the first collection does not pay for
     /// NVRTC (tens to hundreds of milliseconds per source).
     pub fn warm_up(&self) -> Result<()> {
-        for f in [
-            KernelFn::Gather,
-            KernelFn::PrioChunks,
-            KernelFn::PrioScan,
-            KernelFn::PrioPrefix,
-            KernelFn::SampleDraws,
-            KernelFn::ScatterF64,
-            KernelFn::TopkChunks,
-            KernelFn::TopkMerge,
-        ] {
+        for f in KernelFn::ALL {
             self.function(f)?;
         }
         Ok(())

@@ -89,6 +89,18 @@ pub enum KernelFn {
 }
 
 impl KernelFn {
+    /// Every kernel.
+    pub const ALL: [KernelFn; 8] = [
+        KernelFn::Gather,
+        KernelFn::PrioChunks,
+        KernelFn::PrioScan,
+        KernelFn::PrioPrefix,
+        KernelFn::SampleDraws,
+        KernelFn::ScatterF64,
+        KernelFn::TopkChunks,
+        KernelFn::TopkMerge,
+    ];
+
     /// The source that defines it.
     pub const fn source(self) -> KernelSource {
         match self {
@@ -233,20 +245,10 @@ mod tests {
                 assert!(s.body().contains(&format!("void {e}(")), "{e} not in {}", s.file_name());
             }
         }
-        let fns = [
-            KernelFn::Gather,
-            KernelFn::PrioChunks,
-            KernelFn::PrioScan,
-            KernelFn::PrioPrefix,
-            KernelFn::SampleDraws,
-            KernelFn::ScatterF64,
-            KernelFn::TopkChunks,
-            KernelFn::TopkMerge,
-        ];
-        for f in fns {
+        for f in KernelFn::ALL {
             assert!(f.source().entry_points().contains(&f.name()));
         }
         let listed: usize = KernelSource::ALL.iter().map(|s| s.entry_points().len()).sum();
-        assert_eq!(listed, fns.len());
+        assert_eq!(listed, KernelFn::ALL.len());
     }
 }
