@@ -372,8 +372,7 @@ impl<R: MemoryRegion> TableRegion<R> {
     /// key is not current or the range is not published.
     pub fn read_steps(&self, key: SlotKey, column: usize, first_step: u64, out: &mut [u8]) -> Result<bool> {
         let rec = self.slot(key.slot)?;
-        let published =
-            rec.read_begin(key).ok_or(Error::StaleKey { slot: key.slot, generation: key.generation })?;
+        let published = rec.read_begin(key).ok_or(Error::StaleKey { slot: key.slot, generation: key.generation })?;
         if column >= self.layout.columns() {
             return Err(Error::ColumnIndex { index: column, count: self.layout.columns() });
         }
