@@ -71,7 +71,7 @@ impl<'a> StepValue<'a> {
         }
         // Per step from the precomputed layout; `steps` is the caller's, so
         // the product is checked.
-        let expected = table.shared.region.layout().step_bytes(c).checked_mul(steps).unwrap_or(u64::MAX);
+        let expected = table.shared.region.layout().step_bytes(c).saturating_mul(steps);
         if self.bytes.len() as u64 != expected {
             return Err(gear_core::Error::StepSize {
                 column: col.name().into(),

@@ -279,7 +279,7 @@ impl Collector for CpuCollector {
     }
 
     fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut HostBatch) -> Result<()> {
-        let bytes = SharedBytes::of_view(src).ok_or_else(|| {
+        let bytes = SharedBytes::of_view(src).ok_or({
             Error::Unsupported("the cpu collector reads host memory, and this table has no host address")
         })?;
         let table_layout = src.layout();
@@ -341,7 +341,7 @@ impl Collector for CpuCollector {
         which: &[usize],
         out: &mut HostBatch,
     ) -> Result<()> {
-        let bytes = SharedBytes::of_view(src).ok_or_else(|| {
+        let bytes = SharedBytes::of_view(src).ok_or({
             Error::Unsupported("the cpu collector reads host memory, and this table has no host address")
         })?;
         let table_layout = src.layout();
