@@ -195,6 +195,10 @@ impl std::fmt::Debug for HostBatch {
     }
 }
 
+fn no_host_address() -> Error {
+    Error::Unsupported("the cpu collector reads host memory, and this table has no host address")
+}
+
 /// Checks everything `gather` relies on, before any byte is written.
 fn validate(table: &Layout, rows: &[GatherRow], layout: &BatchLayout) -> Result<()> {
     layout.window.validate(table.max_len())?;
@@ -279,9 +283,7 @@ impl Collector for CpuCollector {
     }
 
     fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut HostBatch) -> Result<()> {
-        let bytes = SharedBytes::of_view(src).ok_or({
-            Error::Unsupported("the cpu collector reads host memory, and this table has no host address")
-        })?;
+        let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
         let table_layout = src.layout();
         validate(table_layout, rows, layout)?;
         out.prepare(layout)?;
@@ -341,9 +343,7 @@ impl Collector for CpuCollector {
         which: &[usize],
         out: &mut HostBatch,
     ) -> Result<()> {
-        let bytes = SharedBytes::of_view(src).ok_or({
-            Error::Unsupported("the cpu collector reads host memory, and this table has no host address")
-        })?;
+        let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
         let table_layout = src.layout();
         validate(table_layout, rows, layout)?;
         if let Some(&r) = which.iter().find(|&&r| r >= rows.len()) {
