@@ -168,7 +168,7 @@ impl Draws {
         });
         let n = config.batch_size;
         let draws = Draws {
-            step_bytes: layout.step_bytes.iter().sum(),
+            step_bytes: layout.step_bytes().iter().sum(),
             layout,
             timeout: config.timeout,
             draws: Vec::with_capacity(n),
@@ -204,7 +204,7 @@ impl Draws {
             meta.keys.push(s.key);
             meta.probabilities.push(s.probability);
             meta.weights.push(s.weight);
-            meta.starts.push(self.layout.window.resolve(row.len).src_step);
+            meta.starts.push(self.layout.window().resolve(row.len).src_step);
         }
         let bytes = copy.valid_steps() * self.step_bytes;
         table.shared.region.control().bytes_gathered.fetch_add(bytes, Ordering::Relaxed);
@@ -212,7 +212,7 @@ impl Draws {
     }
 
     fn draw_and_copy(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) -> Result<()> {
-        let n = self.layout.rows;
+        let n = self.layout.rows();
         table.select(n, self.timeout, true, &mut self.draws, &mut self.retiring)?;
         self.rows.clear();
         for r in 0..n {
@@ -250,7 +250,7 @@ impl Draws {
     /// steps: with random starts, cut at a random point so that the window
     /// (its last `window.len` steps) starts uniformly at random.
     fn row(&mut self, key: SlotKey, len: u64) -> GatherRow {
-        let l = self.layout.window.len;
+        let l = self.layout.window().len;
         let len = match &mut self.random_starts {
             Some(rng) if len > l => l + rng.below(len - l + 1),
             _ => len,

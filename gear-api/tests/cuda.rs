@@ -129,9 +129,9 @@ fn check_last_batch(
 ) -> Vec<SlotKey> {
     let batch = sampler.batch();
     let layout = batch.layout().clone();
-    assert_eq!(batch.rows(), layout.rows, "{what}");
-    assert_eq!(batch.probabilities().len(), layout.rows, "{what}");
-    assert_eq!(batch.weights().len(), layout.rows, "{what}");
+    assert_eq!(batch.rows(), layout.rows(), "{what}");
+    assert_eq!(batch.probabilities().len(), layout.rows(), "{what}");
+    assert_eq!(batch.weights().len(), layout.rows(), "{what}");
     let rows: Vec<GatherRow> = batch.keys().iter().map(|k| GatherRow { slot: k.slot, len: lens[k] }).collect();
     let cpu = gear_cpu::CpuCollector::with_threads(1);
     let mut reference = cpu.alloc_batch(&layout).unwrap();
@@ -167,7 +167,7 @@ fn cpu_sampler_rows(table: &ReplayTable, config: SampleConfig, draws: usize) -> 
         let batch = sampler.sample().unwrap();
         let layout = batch.layout().clone();
         for (r, key) in batch.keys().iter().enumerate() {
-            let cols = (0..layout.columns.len())
+            let cols = (0..layout.columns().len())
                 .map(|c| {
                     let n = layout.row_bytes(c) as usize;
                     batch.column_at(c).bytes[r * n..][..n].to_vec()

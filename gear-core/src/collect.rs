@@ -24,16 +24,14 @@ pub struct GatherRow {
 }
 
 /// The shape of a batch: which columns, how many rows, which window.
+/// Only [`BatchLayout::new`] makes one, so every value has columns inside
+/// its table, step sizes matching them, and a byte size that fits `usize`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchLayout {
-    /// Requested columns, by index into the spec.
-    pub columns: Vec<usize>,
-    /// Bytes per step of each requested column.
-    pub step_bytes: Vec<u64>,
-    /// Rows in the batch.
-    pub rows: usize,
-    /// The window applied to every row.
-    pub window: WindowSpec,
+    columns: Vec<usize>,
+    step_bytes: Vec<u64>,
+    rows: usize,
+    window: WindowSpec,
 }
 
 impl BatchLayout {
@@ -61,6 +59,26 @@ impl BatchLayout {
         })?;
         usize::try_from(total).map_err(|_| Error::SizeOverflow("batch bytes (as usize)".into()))?;
         Ok(BatchLayout { columns: columns.to_vec(), step_bytes, rows, window })
+    }
+
+    /// Requested columns, by index into the spec.
+    pub fn columns(&self) -> &[usize] {
+        &self.columns
+    }
+
+    /// Bytes per step of each requested column.
+    pub fn step_bytes(&self) -> &[u64] {
+        &self.step_bytes
+    }
+
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The window applied to every row.
+    pub fn window(&self) -> WindowSpec {
+        self.window
     }
 
     /// Bytes of one row of the `i`-th requested column.

@@ -76,7 +76,7 @@ impl CpuCollector {
     pub fn threads_for(&self, layout: &BatchLayout) -> usize {
         let by_size = layout.total_bytes().checked_div(self.bytes_per_thread).unwrap_or(u64::MAX);
         let by_size = usize::try_from(by_size).unwrap_or(usize::MAX);
-        self.threads.min(layout.rows).min(by_size).max(1)
+        self.threads.min(layout.rows()).min(by_size).max(1)
     }
 }
 
@@ -85,18 +85,18 @@ impl CpuCollector {
 pub struct HostBatch {
     /// The layout of the last gather (or of the allocation).
     layout: BatchLayout,
-    /// Invariant: `buffers.len() == layout.columns.len()` and
+    /// Invariant: `buffers.len() == layout.columns().len()` and
     /// `buffers[i].len() >= layout.column_bytes(i)`; bytes past that are
     /// not part of the batch.
     buffers: Vec<AlignedBytes>,
-    /// Invariant: `lengths.len() == layout.rows`.
+    /// Invariant: `lengths.len() == layout.rows()`.
     lengths: Vec<u64>,
 }
 
 impl HostBatch {
     /// Allocates zeroed buffers for `layout`.
     pub fn new(layout: &BatchLayout) -> Result<Self> {
-        let buffers = (0..layout.columns.len())
+        let buffers = (0..layout.columns().len())
             .map(|i| {
                 let bytes = layout.column_bytes(i);
                 // `BatchLayout::new` checked that the total fits a usize.
@@ -106,7 +106,7 @@ impl HostBatch {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(HostBatch { layout: layout.clone(), buffers, lengths: vec![0; layout.rows] })
+        Ok(HostBatch { layout: layout.clone(), buffers, lengths: vec![0; layout.rows()] })
     }
 
     /// The layout of the batch now held.
@@ -116,7 +116,7 @@ impl HostBatch {
 
     /// Rows in the batch.
     pub fn rows(&self) -> usize {
-        self.layout.rows
+        self.layout.rows()
     }
 
     /// Number of requested columns.
@@ -142,7 +142,7 @@ impl HostBatch {
     /// step are not a multiple of `T`'s size. Panics if
     /// `i >= self.columns()`.
     pub fn column_as<T: Plain>(&self, i: usize) -> Option<&[T]> {
-        if self.layout.step_bytes[i] % std::mem::size_of::<T>() as u64 != 0 {
+        if self.layout.step_bytes()[i] % std::mem::size_of::<T>() as u64 != 0 {
             return None;
         }
         raw::cast_slice(self.column(i))
@@ -151,7 +151,7 @@ impl HostBatch {
     /// The bytes of row `r` of the `i`-th column, `[window.len, *shape]`.
     /// Panics if `i` or `r` is out of range.
     pub fn row(&self, i: usize, r: usize) -> &[u8] {
-        assert!(r < self.layout.rows, "row {r} out of range: the batch has {} rows", self.layout.rows);
+        assert!(r < self.layout.rows(), "row {r} out of range: the batch has {} rows", self.layout.rows());
         let n = self.layout.row_bytes(i) as usize;
         &self.column(i)[r * n..(r + 1) * n]
     }
@@ -168,11 +168,11 @@ impl HostBatch {
     /// Makes the buffers hold a batch of `layout`, reusing them when they
     /// are large enough.
     fn prepare(&mut self, layout: &BatchLayout) -> Result<()> {
-        if self.buffers.len() != layout.columns.len() {
+        if self.buffers.len() != layout.columns().len() {
             return Err(Error::InvalidWindow(format!(
                 "the batch buffers hold {} columns, the layout asks for {}",
                 self.buffers.len(),
-                layout.columns.len()
+                layout.columns().len()
             )));
         }
         for (i, b) in self.buffers.iter().enumerate() {
@@ -184,7 +184,7 @@ impl HostBatch {
         if self.layout != *layout {
             self.layout.clone_from(layout);
         }
-        self.lengths.resize(layout.rows, 0);
+        self.lengths.resize(layout.rows(), 0);
         Ok(())
     }
 }
@@ -201,15 +201,10 @@ fn no_host_address() -> Error {
 
 /// Checks everything `gather` relies on, before any byte is written.
 fn validate(table: &Layout, rows: &[GatherRow], layout: &BatchLayout) -> Result<()> {
-    layout.window.validate(table.max_len())?;
-    if layout.step_bytes.len() != layout.columns.len() {
-        return Err(Error::InvalidWindow(format!(
-            "batch layout lists {} columns but {} step sizes",
-            layout.columns.len(),
-            layout.step_bytes.len()
-        )));
-    }
-    for (&c, &s) in layout.columns.iter().zip(&layout.step_bytes) {
+    // A BatchLayout is consistent and its sizes fit `usize` by construction;
+    // what remains to check is that it was made for a table like this one.
+    layout.window().validate(table.max_len())?;
+    for (&c, &s) in layout.columns().iter().zip(layout.step_bytes()) {
         if c >= table.columns() {
             return Err(Error::ColumnIndex { index: c, count: table.columns() });
         }
@@ -217,19 +212,8 @@ fn validate(table: &Layout, rows: &[GatherRow], layout: &BatchLayout) -> Result<
             return Err(Error::StepSize { column: format!("#{c}"), got: s, expected: table.step_bytes(c) });
         }
     }
-    // `BatchLayout`'s fields are public: recheck what `BatchLayout::new`
-    // guarantees, so the byte counts below cannot wrap.
-    let total = layout.step_bytes.iter().try_fold(0u64, |acc, &s| {
-        s.checked_mul(layout.window.len)
-            .and_then(|x| x.checked_mul(layout.rows as u64))
-            .and_then(|x| acc.checked_add(x))
-            .filter(|&x| usize::try_from(x).is_ok())
-    });
-    if total.is_none() {
-        return Err(Error::SizeOverflow("batch bytes".into()));
-    }
-    if rows.len() != layout.rows {
-        return Err(Error::InvalidWindow(format!("{} rows given, the batch layout has {}", rows.len(), layout.rows)));
+    if rows.len() != layout.rows() {
+        return Err(Error::InvalidWindow(format!("{} rows given, the batch layout has {}", rows.len(), layout.rows())));
     }
     for (r, row) in rows.iter().enumerate() {
         table.check_slot(u64::from(row.slot))?;
@@ -255,12 +239,12 @@ fn gather_rows(
     out: &mut [&mut [u8]],
     lengths: &mut [u64],
 ) {
-    let window = layout.window;
+    let window = layout.window();
     let l = window.len as usize;
     for (r, (row, len)) in rows.iter().zip(lengths.iter_mut()).enumerate() {
         let w = window.resolve(row.len);
         *len = w.steps;
-        for ((&c, &s), buf) in layout.columns.iter().zip(&layout.step_bytes).zip(out.iter_mut()) {
+        for ((&c, &s), buf) in layout.columns().iter().zip(layout.step_bytes()).zip(out.iter_mut()) {
             let s = s as usize;
             let dst = &mut buf[r * l * s..(r + 1) * l * s];
             let (head, rest) = dst.split_at_mut(w.dst_step as usize * s);

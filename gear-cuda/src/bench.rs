@@ -222,7 +222,7 @@ fn batches_equal(a: &CudaBatch, b: &CudaBatch) -> Result<bool> {
     if a.lengths() != b.lengths() {
         return Ok(false);
     }
-    for i in 0..a.layout().columns.len() {
+    for i in 0..a.layout().columns().len() {
         if a.column_to_host(i)? != b.column_to_host(i)? {
             return Ok(false);
         }

@@ -170,19 +170,19 @@ impl CudaCollector {
     /// Allocates device buffers for batches of `layout`.
     pub fn alloc(&self, layout: &BatchLayout) -> Result<CudaBatch> {
         let ctx = self.device.context();
-        let columns = (0..layout.columns.len())
+        let columns = (0..layout.columns().len())
             .map(|i| DeviceMemory::alloc(ctx, layout.column_bytes(i)))
             .collect::<Result<_>>()?;
-        let rows = layout.rows as u64;
+        let rows = layout.rows() as u64;
         let lengths_dev = DeviceMemory::alloc(ctx, rows * 8)?;
-        let words = 2 * rows + 3 * layout.columns.len() as u64;
+        let words = 2 * rows + 3 * layout.columns().len() as u64;
         let args = DeviceMemory::alloc(ctx, words * 8)?;
         let event = ctx.new_event(None)?;
         Ok(CudaBatch {
             layout: layout.clone(),
             columns,
             lengths_dev,
-            lengths: vec![0; layout.rows],
+            lengths: vec![0; layout.rows()],
             args,
             event,
             last_stream: None,

@@ -80,25 +80,25 @@ pub fn plan_gather(
     dst_bases: &[u64],
     cached: &[Option<u64>],
 ) -> Result<GatherPlan> {
-    batch.window.validate(layout.max_len())?;
-    if rows.len() != batch.rows {
+    batch.window().validate(layout.max_len())?;
+    if rows.len() != batch.rows() {
         return Err(Error::InvalidWindow(format!(
             "batch was laid out for {} rows, {} rows given",
-            batch.rows,
+            batch.rows(),
             rows.len()
         )));
     }
-    if dst_bases.len() != batch.columns.len() {
+    if dst_bases.len() != batch.columns().len() {
         return Err(Error::InvalidWindow(format!(
             "{} column buffers for {} requested columns",
             dst_bases.len(),
-            batch.columns.len()
+            batch.columns().len()
         )));
     }
     if !cached.is_empty() && cached.len() != rows.len() {
         return Err(Error::InvalidWindow(format!("{} cache entries for {} rows", cached.len(), rows.len())));
     }
-    let mut words = Vec::with_capacity(2 * rows.len() + 3 * batch.columns.len());
+    let mut words = Vec::with_capacity(2 * rows.len() + 3 * batch.columns().len());
     let mut cached_rows = 0;
     for (r, row) in rows.iter().enumerate() {
         layout.check_slot(u64::from(row.slot))?;
@@ -121,10 +121,10 @@ pub fn plan_gather(
             )));
         }
         words.push(row.len);
-        lengths.push(batch.window.resolve(row.len).steps);
+        lengths.push(batch.window().resolve(row.len).steps);
     }
     let mut max_row_bytes = 0;
-    for (i, (&c, &s)) in batch.columns.iter().zip(&batch.step_bytes).enumerate() {
+    for (i, (&c, &s)) in batch.columns().iter().zip(batch.step_bytes()).enumerate() {
         if c >= layout.columns() {
             return Err(Error::ColumnIndex { index: c, count: layout.columns() });
         }
@@ -139,16 +139,16 @@ pub fn plan_gather(
         words.push(dst_bases[i]);
         max_row_bytes = max_row_bytes.max(batch.row_bytes(i));
     }
-    let tasks = rows.len() as u64 * batch.columns.len() as u64;
+    let tasks = rows.len() as u64 * batch.columns().len() as u64;
     let grid_x = tasks.clamp(1, MAX_GRID_X) as u32;
     let grid_y = max_row_bytes.div_ceil(BYTES_PER_BLOCK).clamp(1, MAX_BLOCKS_PER_TASK) as u32;
     Ok(GatherPlan {
         words,
         rows: rows.len() as u64,
-        ncols: batch.columns.len() as u64,
-        w_offset: batch.window.offset,
-        w_len: batch.window.len,
-        pad_head: u32::from(batch.window.pad == gear_core::Pad::Head),
+        ncols: batch.columns().len() as u64,
+        w_offset: batch.window().offset,
+        w_len: batch.window().len,
+        pad_head: u32::from(batch.window().pad == gear_core::Pad::Head),
         grid: (grid_x, grid_y),
         lengths,
         cached_rows,

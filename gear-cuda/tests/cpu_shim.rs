@@ -144,7 +144,7 @@ fn run_gather(exe: &PathBuf, case: &GatherCase) -> (Vec<Vec<u8>>, Vec<u64>, Vec<
             }
         }
     }
-    let dst0 = vec![0u64; case.batch.columns.len()];
+    let dst0 = vec![0u64; case.batch.columns().len()];
     let p = plan::plan_gather(&case.layout, &case.batch, &case.rows, 0, &dst0, &cached).unwrap();
     assert_eq!(p.cached_rows, cached.iter().flatten().count());
     let (gx, gy, bx) = case.grid.unwrap_or((p.grid.0, p.grid.1, plan::BLOCK));
@@ -168,18 +168,18 @@ fn run_gather(exe: &PathBuf, case: &GatherCase) -> (Vec<Vec<u8>>, Vec<u64>, Vec<
     let out = run(exe, &w.0);
     let mut r = Reader(&out);
     let lengths: Vec<u64> = (0..case.rows.len()).map(|_| r.u()).collect();
-    let cols = (0..case.batch.columns.len()).map(|i| r.bytes(case.batch.column_bytes(i) as usize)).collect();
+    let cols = (0..case.batch.columns().len()).map(|i| r.bytes(case.batch.column_bytes(i) as usize)).collect();
     assert!(r.0.is_empty(), "driver wrote trailing bytes");
     // Which copy width did each non-empty copy take? Mirrors gear_copy's rule
     // on the addresses the driver used (64-byte aligned bases + misalign).
     let mut widths = Vec::new();
     for (ri, row) in case.rows.iter().enumerate() {
-        let rw = case.batch.window.resolve(row.len);
+        let rw = case.batch.window().resolve(row.len);
         if rw.steps == 0 {
             continue;
         }
-        for (i, &c) in case.batch.columns.iter().enumerate() {
-            let s = case.batch.step_bytes[i];
+        for (i, &c) in case.batch.columns().iter().enumerate() {
+            let s = case.batch.step_bytes()[i];
             let src = case.blob_mis + p.words[ri] + case.layout.offset(0, c, 0) + rw.src_step * s;
             let dst = case.dst_mis[i] + ri as u64 * case.batch.row_bytes(i) + rw.dst_step * s;
             let rel = src ^ dst;
@@ -254,9 +254,14 @@ fn gather_matches_the_collector_contract_on_random_cases() {
         let case = random_case(&mut rng);
         let (cols, lengths, w) = run_gather(exe, &case);
         let (want_cols, want_lengths) = common::gather_reference(&case.layout, &case.data, &case.batch, &case.rows);
-        assert_eq!(lengths, want_lengths, "case {i}: lengths ({:?})", case.batch.window);
+        assert_eq!(lengths, want_lengths, "case {i}: lengths ({:?})", case.batch.window());
         for (c, (got, want)) in cols.iter().zip(&want_cols).enumerate() {
-            assert!(got == want, "case {i}: column {c} differs (window {:?}, rows {:?})", case.batch.window, case.rows);
+            assert!(
+                got == want,
+                "case {i}: column {c} differs (window {:?}, rows {:?})",
+                case.batch.window(),
+                case.rows
+            );
         }
         for x in w {
             *widths.entry(x).or_insert(0u32) += 1;

@@ -71,17 +71,17 @@ pub fn gather_reference(
     batch: &BatchLayout,
     rows: &[GatherRow],
 ) -> (Vec<Vec<u8>>, Vec<u64>) {
-    let lengths: Vec<u64> = rows.iter().map(|r| batch.window.resolve(r.len).steps).collect();
+    let lengths: Vec<u64> = rows.iter().map(|r| batch.window().resolve(r.len).steps).collect();
     let cols = batch
-        .columns
+        .columns()
         .iter()
         .enumerate()
         .map(|(i, &c)| {
-            let s = batch.step_bytes[i] as usize;
+            let s = batch.step_bytes()[i] as usize;
             let row_bytes = batch.row_bytes(i) as usize;
             let mut out = vec![0u8; row_bytes * rows.len()];
             for (r, row) in rows.iter().enumerate() {
-                let w = batch.window.resolve(row.len);
+                let w = batch.window().resolve(row.len);
                 let src = layout.range(u64::from(row.slot), c, w.src_step, w.steps);
                 let dst = r * row_bytes + w.dst_step as usize * s;
                 out[dst..dst + (src.end - src.start) as usize]
