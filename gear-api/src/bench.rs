@@ -285,25 +285,17 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         .build()?;
     let traj_bytes = spec.step_bytes() * c.steps;
     let per_writer = c.inserts.div_ceil(writers as u64);
-    let common = |role: &str| {
-        vec![
-            role.to_owned(),
-            "--table".into(),
-            name.clone(),
-            "--steps".into(),
-            c.steps.to_string(),
-            "--step-bytes".into(),
-            c.step_bytes.to_string(),
-        ]
-    };
     progress.line(&format!("gear bench: {writers} writer processes and 1 sampler process on `{name}`"));
     let mut kids: Vec<GearChild> = Vec::new();
     for _ in 0..writers {
-        let mut args = common("bench-writer");
-        args.extend(["--count".into(), per_writer.to_string()]);
+        let args = ["bench-writer", "--table", &name, "--steps", &c.steps.to_string()]
+            .into_iter()
+            .map(String::from)
+            .chain(["--step-bytes".into(), c.step_bytes.to_string(), "--count".into(), per_writer.to_string()])
+            .collect::<Vec<String>>();
         kids.push(spawn("bench writer", &args)?);
     }
-    let mut args = common("bench-sampler");
+    let mut args: Vec<String> = vec!["bench-sampler".into(), "--table".into(), name.clone()];
     args.extend([
         "--batches".into(),
         c.batches.to_string(),

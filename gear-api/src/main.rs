@@ -111,10 +111,6 @@ enum Command {
         #[arg(long)]
         table: String,
         #[arg(long)]
-        steps: u64,
-        #[arg(long)]
-        step_bytes: u64,
-        #[arg(long)]
         batches: u64,
         #[arg(long)]
         batch: usize,
@@ -222,16 +218,7 @@ fn main() -> ExitCode {
         Command::BenchWriter { table, steps, step_bytes, count } => {
             gear_api::bench::writer_process(&table, count, steps, step_bytes)
         }
-        Command::BenchSampler {
-            table,
-            steps: _,
-            step_bytes: _,
-            batches,
-            batch,
-            window_offset,
-            window_len,
-            random_offsets,
-        } => {
+        Command::BenchSampler { table, batches, batch, window_offset, window_len, random_offsets } => {
             let config = BenchConfig { batch, window_offset, window_len, random_offsets, ..BenchConfig::default() };
             gear_api::bench::sampler_process(&table, batches, &config)
         }
