@@ -1145,6 +1145,14 @@ impl ReplayTable {
         scratch.clear();
         sampler.sample(n, rng as &mut dyn RandomSource, scratch)?;
         let drawn = std::mem::take(&mut l.local.scratch);
+        // Each row's slot record is a likely cache miss: start them all
+        // before reading the first, so their latencies overlap.
+        let slots = sh.region.slots();
+        for s in &drawn {
+            if let Some(rec) = slots.get(s.key.slot as usize) {
+                gear_core::hint::prefetch(rec);
+            }
+        }
         let ctl = sh.region.control();
         let mut result = Ok(());
         for s in &drawn {

@@ -138,7 +138,8 @@ impl Writer {
             table: self.table.clone(),
             key,
             priority,
-            written: vec![0; columns],
+            written: StepCounts::zeros(columns),
+            unflushed_bytes: 0,
             published: 0,
             done: false,
         })
@@ -153,7 +154,11 @@ pub struct Trajectory {
     key: SlotKey,
     priority: Option<f64>,
     /// Steps written per column.
-    written: Vec<u64>,
+    written: StepCounts,
+    /// Bytes written but not yet added to the table's `bytes_written`
+    /// counter (added once per trajectory: the counter's cache line is
+    /// shared by every writer process).
+    unflushed_bytes: u64,
     /// Steps published (readable by samplers): the minimum of `written`.
     published: u64,
     done: bool,
@@ -221,7 +226,7 @@ impl Trajectory {
         let region = &self.table.shared.region;
         region.write_steps(self.key, c, self.written[c], bytes)?;
         self.written[c] += steps;
-        region.control().bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.unflushed_bytes += bytes.len() as u64;
         Ok(())
     }
 
@@ -267,13 +272,65 @@ impl Trajectory {
         // Whatever commit_slot returns, the slot is no longer ours: on error
         // it has already been given back.
         self.done = true;
+        self.flush_bytes();
         self.table.commit_slot(self.key, self.priority)?;
         Ok(self.key)
     }
 }
 
+impl Trajectory {
+    /// Adds the bytes written so far to the table's counter.
+    fn flush_bytes(&mut self) {
+        let n = std::mem::take(&mut self.unflushed_bytes);
+        if n > 0 {
+            self.table.shared.region.control().bytes_written.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Steps written per column: inline for tables of up to
+/// [`StepCounts::INLINE`] columns, so beginning a trajectory allocates
+/// nothing (small-item workloads begin millions per second).
+#[derive(Clone, Debug)]
+enum StepCounts {
+    Inline { len: usize, counts: [u64; StepCounts::INLINE] },
+    Heap(Vec<u64>),
+}
+
+impl StepCounts {
+    const INLINE: usize = 8;
+
+    fn zeros(columns: usize) -> Self {
+        if columns <= Self::INLINE {
+            StepCounts::Inline { len: columns, counts: [0; Self::INLINE] }
+        } else {
+            StepCounts::Heap(vec![0; columns])
+        }
+    }
+}
+
+impl std::ops::Deref for StepCounts {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        match self {
+            StepCounts::Inline { len, counts } => &counts[..*len],
+            StepCounts::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for StepCounts {
+    fn deref_mut(&mut self) -> &mut [u64] {
+        match self {
+            StepCounts::Inline { len, counts } => &mut counts[..*len],
+            StepCounts::Heap(v) => v,
+        }
+    }
+}
+
 impl Drop for Trajectory {
     fn drop(&mut self) {
+        self.flush_bytes();
         if !self.done {
             self.table.abandon_slot(self.key);
         }

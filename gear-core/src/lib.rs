@@ -23,6 +23,7 @@ pub mod collect;
 pub mod control;
 pub mod dtype;
 pub mod error;
+pub mod hint;
 pub mod layout;
 pub mod memory;
 pub mod region;

@@ -241,6 +241,17 @@ fn gather_rows(
 ) {
     let window = layout.window();
     let l = window.len as usize;
+    // Rows sit at random places in the table: start loading the first line
+    // of every window before copying any, so the misses overlap. (Longer
+    // windows continue sequentially, where the hardware prefetcher helps.)
+    for row in rows {
+        let w = window.resolve(row.len);
+        if w.steps > 0 {
+            for &c in layout.columns() {
+                src.prefetch(table.offset(u64::from(row.slot), c, w.src_step) as usize);
+            }
+        }
+    }
     for (r, (row, len)) in rows.iter().zip(lengths.iter_mut()).enumerate() {
         let w = window.resolve(row.len);
         *len = w.steps;

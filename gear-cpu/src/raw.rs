@@ -213,6 +213,13 @@ impl<'a> SharedBytes<'a> {
         Some(unsafe { SharedBytes::new(base, len) })
     }
 
+    /// Starts loading the cache line at `offset` (a hint: an offset past
+    /// the area is harmless and loads nothing useful).
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, offset: usize) {
+        gear_core::hint::prefetch(self.base.as_ptr().wrapping_add(offset));
+    }
+
     /// Copies `dst.len()` bytes starting at `offset` into `dst`.
     ///
     /// Panics if the range runs past the area: callers validate slots,
