@@ -31,6 +31,7 @@ pub mod rng;
 pub mod select;
 pub mod slot;
 pub mod spec;
+pub mod stream;
 pub mod sync;
 pub mod transport;
 pub mod window;
