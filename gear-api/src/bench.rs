@@ -255,6 +255,10 @@ pub struct WriterStats {
     pub bytes: u64,
     /// Seconds spent.
     pub seconds: f64,
+    /// When the first insert began ([`monotonic_ns`]).
+    pub start_ns: u64,
+    /// When the last insert ended ([`monotonic_ns`]).
+    pub end_ns: u64,
 }
 
 /// What the bench sampler process reports.
@@ -267,6 +271,30 @@ pub struct SamplerStats {
     /// Seconds spent.
     pub seconds: f64,
 }
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the
+/// machine, so the parent can line up what its children measured.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC exists on
+    // every Linux, and on failure `ts` stays zero (no undefined state).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Sleeps until [`monotonic_ns`] reaches `at` (at once if it has), so that
+/// child processes started one after another begin their timed work
+/// together.
+fn wait_for_start(at: u64) {
+    let now = monotonic_ns();
+    if at > now {
+        std::thread::sleep(std::time::Duration::from_nanos(at - now));
+    }
+}
+
+/// How long after spawning the children the timed work begins: enough for
+/// each to start, attach and prepare its data.
+const START_DELAY_NS: u64 = 500_000_000;
 
 /// `gear bench --writers N`: N writer processes insert concurrently while
 /// one sampler process samples, all on one shared-memory table.
@@ -286,16 +314,19 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
     let traj_bytes = spec.step_bytes() * c.steps;
     let per_writer = c.inserts.div_ceil(writers as u64);
     progress.line(&format!("gear bench: {writers} writer processes and 1 sampler process on `{name}`"));
+    let start_at = (monotonic_ns() + START_DELAY_NS).to_string();
     let mut kids: Vec<GearChild> = Vec::new();
     for _ in 0..writers {
         let args = ["bench-writer", "--table", &name, "--steps", &c.steps.to_string()]
             .into_iter()
             .map(String::from)
             .chain(["--step-bytes".into(), c.step_bytes.to_string(), "--count".into(), per_writer.to_string()])
+            .chain(["--start-at-ns".into(), start_at.clone()])
             .collect::<Vec<String>>();
         kids.push(spawn("bench writer", &args)?);
     }
     let mut args: Vec<String> = vec!["bench-sampler".into(), "--table".into(), name.clone()];
+    args.extend(["--start-at-ns".into(), start_at]);
     args.extend([
         "--batches".into(),
         c.batches.to_string(),
@@ -320,7 +351,11 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
     let memcpy_2t = memcpy_reference(traj_bytes as usize, data_bytes, total, 2);
     progress.done();
 
-    let wall = writer_stats.iter().map(|w| w.seconds).fold(0.0, f64::max);
+    // Aggregate over the span from the first writer's start to the last
+    // writer's end, on the clock they share.
+    let first = writer_stats.iter().map(|w| w.start_ns).min().unwrap_or(0);
+    let last = writer_stats.iter().map(|w| w.end_ns).max().unwrap_or(0);
+    let wall = (last.saturating_sub(first) as f64 / 1e9).max(f64::MIN_POSITIVE);
     let insert_gb = total as f64 / wall / 1e9;
     let sample_gb = sampler_stats.bytes as f64 / sampler_stats.seconds / 1e9;
     Ok(BenchReport {
@@ -342,28 +377,38 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
 }
 
 /// `gear bench-writer`: inserts `count` trajectories into a shared table.
-pub fn writer_process(table: &str, count: u64, steps: u64, step_bytes: u64) -> Result<()> {
+/// Starts inserting when [`monotonic_ns`] reaches `start_at_ns`.
+pub fn writer_process(table: &str, count: u64, steps: u64, step_bytes: u64, start_at_ns: u64) -> Result<()> {
     let t = ReplayTable::attach(table, AttachOptions::default())?;
     if t.spec().max_len() != steps || t.spec().columns()[0].shape() != [step_bytes] {
         return Err(Error::Config("bench writer: --steps/--step-bytes disagree with the table".into()));
     }
     let data = Trajectory::new(steps, step_bytes);
     let writer = t.writer();
-    let start = Instant::now();
+    wait_for_start(start_at_ns);
+    let start_ns = monotonic_ns();
     for i in 0..count {
         data.insert(&writer, steps, 1.0 + (i % 7) as f64)?;
     }
-    let seconds = start.elapsed().as_secs_f64();
-    print_stats(&WriterStats { trajectories: count, bytes: count * steps * t.spec().step_bytes(), seconds });
+    let end_ns = monotonic_ns();
+    print_stats(&WriterStats {
+        trajectories: count,
+        bytes: count * steps * t.spec().step_bytes(),
+        seconds: end_ns.saturating_sub(start_ns) as f64 / 1e9,
+        start_ns,
+        end_ns,
+    });
     Ok(())
 }
 
 /// `gear bench-sampler`: samples `batches` batches from a shared table.
-pub fn sampler_process(table: &str, batches: u64, config: &BenchConfig) -> Result<()> {
+/// Starts sampling when [`monotonic_ns`] reaches `start_at_ns`.
+pub fn sampler_process(table: &str, batches: u64, config: &BenchConfig, start_at_ns: u64) -> Result<()> {
     let t = ReplayTable::attach(table, AttachOptions::default())?;
     let c = BenchConfig { steps: t.spec().max_len(), ..config.clone() };
     let mut sampler = t.sampler(sample_config(&c)?)?;
     let step_bytes = t.spec().step_bytes();
+    wait_for_start(start_at_ns);
     let (mut rows, mut bytes) = (0u64, 0u64);
     let start = Instant::now();
     for _ in 0..batches {

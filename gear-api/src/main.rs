@@ -105,6 +105,8 @@ enum Command {
         step_bytes: u64,
         #[arg(long)]
         count: u64,
+        #[arg(long, default_value_t = 0)]
+        start_at_ns: u64,
     },
     #[command(hide = true)]
     BenchSampler {
@@ -120,6 +122,8 @@ enum Command {
         window_len: u64,
         #[arg(long)]
         random_offsets: bool,
+        #[arg(long, default_value_t = 0)]
+        start_at_ns: u64,
     },
 }
 
@@ -215,12 +219,12 @@ fn main() -> ExitCode {
         Command::DemoTrainer { table, seconds, batch, window } => {
             gear_api::demo::trainer_process(&table, seconds, batch, window)
         }
-        Command::BenchWriter { table, steps, step_bytes, count } => {
-            gear_api::bench::writer_process(&table, count, steps, step_bytes)
+        Command::BenchWriter { table, steps, step_bytes, count, start_at_ns } => {
+            gear_api::bench::writer_process(&table, count, steps, step_bytes, start_at_ns)
         }
-        Command::BenchSampler { table, batches, batch, window_offset, window_len, random_offsets } => {
+        Command::BenchSampler { table, batches, batch, window_offset, window_len, random_offsets, start_at_ns } => {
             let config = BenchConfig { batch, window_offset, window_len, random_offsets, ..BenchConfig::default() };
-            gear_api::bench::sampler_process(&table, batches, &config)
+            gear_api::bench::sampler_process(&table, batches, &config, start_at_ns)
         }
     };
     match result {
