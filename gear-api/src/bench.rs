@@ -50,6 +50,10 @@ pub struct BenchConfig {
     /// Seed of the table's random stream.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Trajectories per insert call: 1 inserts each with begin / append /
+    /// end; more use `Writer::insert_batch` (small items).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub insert_batch: u64,
 }
 
 impl Default for BenchConfig {
@@ -66,6 +70,7 @@ impl Default for BenchConfig {
             window_len: 0,
             random_offsets: false,
             seed: 1,
+            insert_batch: 1,
         }
     }
 }
@@ -121,30 +126,61 @@ fn window_for(c: &BenchConfig) -> Result<WindowSpec> {
     Ok(window)
 }
 
-/// One trajectory's columns, as the bench writes them.
-struct Trajectory {
+/// The columns of `batch` trajectories, one after the other, as the bench
+/// writes them.
+struct Trajectories {
+    steps: u64,
+    batch: u64,
     obs: Vec<u8>,
     actions: Vec<i32>,
     rewards: Vec<f32>,
+    priorities: Vec<f64>,
 }
 
-impl Trajectory {
-    fn new(steps: u64, step_bytes: u64) -> Self {
-        let steps = steps as usize;
-        Trajectory {
-            obs: (0..steps * step_bytes as usize).map(|i| (i * 31) as u8).collect(),
-            actions: (0..steps as i32).collect(),
-            rewards: (0..steps).map(|i| i as f32 * 0.5).collect(),
+impl Trajectories {
+    fn new(steps: u64, step_bytes: u64, batch: u64) -> Self {
+        let n = (steps * batch) as usize;
+        Trajectories {
+            steps,
+            batch,
+            obs: (0..n * step_bytes as usize).map(|i| (i * 31) as u8).collect(),
+            actions: (0..n as i32).collect(),
+            rewards: (0..n).map(|i| i as f32 * 0.5).collect(),
+            priorities: (0..batch).map(|i| 1.0 + (i % 7) as f64).collect(),
         }
     }
 
-    fn insert(&self, writer: &crate::Writer, steps: u64, priority: f64) -> Result<()> {
-        let mut traj = writer.begin(Some(priority))?;
-        // Columns by index (obs, action, reward), as a hot loop would.
-        traj.append_column(0, steps, StepValue::typed(&self.obs))?;
-        traj.append_column(1, steps, StepValue::typed(&self.actions))?;
-        traj.append_column(2, steps, StepValue::typed(&self.rewards))?;
-        traj.end()?;
+    /// Inserts `count` trajectories (priorities cycling through 1..=7);
+    /// `tick` hears how many are in after each call.
+    fn insert(&self, writer: &crate::Writer, count: u64, mut tick: impl FnMut(u64)) -> Result<()> {
+        let mut done = 0;
+        while done < count {
+            if self.batch == 1 {
+                let mut traj = writer.begin(Some(1.0 + (done % 7) as f64))?;
+                // Columns by index (obs, action, reward), as a hot loop would.
+                traj.append_column(0, self.steps, StepValue::typed(&self.obs))?;
+                traj.append_column(1, self.steps, StepValue::typed(&self.actions))?;
+                traj.append_column(2, self.steps, StepValue::typed(&self.rewards))?;
+                traj.end()?;
+                done += 1;
+            } else {
+                let n = self.batch.min(count - done);
+                let steps = (n * self.steps) as usize;
+                let obs_bytes = self.obs.len() / (self.batch * self.steps) as usize * steps;
+                writer.insert_batch(
+                    n as usize,
+                    self.steps,
+                    &[
+                        StepValue::typed(&self.obs[..obs_bytes]),
+                        StepValue::typed(&self.actions[..steps]),
+                        StepValue::typed(&self.rewards[..steps]),
+                    ],
+                    Some(&self.priorities[..n as usize]),
+                )?;
+                done += n;
+            }
+            tick(done);
+        }
         Ok(())
     }
 }
@@ -195,16 +231,13 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     sample_config(c)?;
     let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
     let table = ReplayTable::builder(spec.clone()).sampler_kind(strategy, Default::default()).seed(c.seed).build()?;
-    let data = Trajectory::new(c.steps, c.step_bytes);
+    let data = Trajectories::new(c.steps, c.step_bytes, c.insert_batch);
     let traj_bytes = spec.step_bytes() * c.steps;
 
     let writer = table.writer();
     progress.phase("insert", c.inserts);
     let t = Instant::now();
-    for i in 0..c.inserts {
-        data.insert(&writer, c.steps, 1.0 + (i % 7) as f64)?;
-        progress.tick(i + 1);
-    }
+    data.insert(&writer, c.inserts, |n| progress.tick(n))?;
     let insert_s = t.elapsed().as_secs_f64();
     progress.done();
 
@@ -321,7 +354,7 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
             .into_iter()
             .map(String::from)
             .chain(["--step-bytes".into(), c.step_bytes.to_string(), "--count".into(), per_writer.to_string()])
-            .chain(["--start-at-ns".into(), start_at.clone()])
+            .chain(["--start-at-ns".into(), start_at.clone(), "--insert-batch".into(), c.insert_batch.to_string()])
             .collect::<Vec<String>>();
         kids.push(spawn("bench writer", &args)?);
     }
@@ -378,18 +411,24 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
 
 /// `gear bench-writer`: inserts `count` trajectories into a shared table.
 /// Starts inserting when [`monotonic_ns`] reaches `start_at_ns`.
-pub fn writer_process(table: &str, count: u64, steps: u64, step_bytes: u64, start_at_ns: u64) -> Result<()> {
+/// `insert_batch` trajectories go in per call.
+pub fn writer_process(
+    table: &str,
+    count: u64,
+    steps: u64,
+    step_bytes: u64,
+    insert_batch: u64,
+    start_at_ns: u64,
+) -> Result<()> {
     let t = ReplayTable::attach(table, AttachOptions::default())?;
     if t.spec().max_len() != steps || t.spec().columns()[0].shape() != [step_bytes] {
         return Err(Error::Config("bench writer: --steps/--step-bytes disagree with the table".into()));
     }
-    let data = Trajectory::new(steps, step_bytes);
+    let data = Trajectories::new(steps, step_bytes, insert_batch.max(1));
     let writer = t.writer();
     wait_for_start(start_at_ns);
     let start_ns = monotonic_ns();
-    for i in 0..count {
-        data.insert(&writer, steps, 1.0 + (i % 7) as f64)?;
-    }
+    data.insert(&writer, count, |_| {})?;
     let end_ns = monotonic_ns();
     print_stats(&WriterStats {
         trajectories: count,

@@ -105,6 +105,8 @@ enum Command {
         step_bytes: u64,
         #[arg(long)]
         count: u64,
+        #[arg(long, default_value_t = 1)]
+        insert_batch: u64,
         #[arg(long, default_value_t = 0)]
         start_at_ns: u64,
     },
@@ -219,8 +221,8 @@ fn main() -> ExitCode {
         Command::DemoTrainer { table, seconds, batch, window } => {
             gear_api::demo::trainer_process(&table, seconds, batch, window)
         }
-        Command::BenchWriter { table, steps, step_bytes, count, start_at_ns } => {
-            gear_api::bench::writer_process(&table, count, steps, step_bytes, start_at_ns)
+        Command::BenchWriter { table, steps, step_bytes, count, insert_batch, start_at_ns } => {
+            gear_api::bench::writer_process(&table, count, steps, step_bytes, insert_batch, start_at_ns)
         }
         Command::BenchSampler { table, batches, batch, window_offset, window_len, random_offsets, start_at_ns } => {
             let config = BenchConfig { batch, window_offset, window_len, random_offsets, ..BenchConfig::default() };

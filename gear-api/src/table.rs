@@ -979,18 +979,59 @@ impl ReplayTable {
     pub(crate) fn begin_slot(&self, priority: f64, timeout: Option<Duration>) -> Result<SlotKey> {
         let l = self.shared.lock()?;
         let mut l = self.wait_until(l, timeout, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        self.take_slot(&mut l, priority)
+    }
+
+    /// [`ReplayTable::begin_slot`] for up to `priorities.len()` trajectories
+    /// under one lock: waits for the rate limiter to admit the first, then
+    /// takes one more slot for each following priority while the limiter
+    /// admits it without waiting and a slot is free or evictable (a batch
+    /// never holds slots while it waits, so it cannot wait on samples of
+    /// its own uncommitted rows, nor fill a table with them).
+    /// Returns at least one key; on an error, none is left taken.
+    pub(crate) fn begin_slots(&self, priorities: &[f64], timeout: Option<Duration>) -> Result<Vec<SlotKey>> {
+        let Some((&first, rest)) = priorities.split_first() else { return Ok(Vec::new()) };
+        let l = self.shared.lock()?;
+        let mut l = self.wait_until(l, timeout, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        let mut keys = Vec::with_capacity(priorities.len());
+        keys.push(self.take_slot(&mut l, first)?);
+        for &p in rest {
+            let ctl = l.sh.region.control();
+            let room = ctl.free_len.load(Ordering::Relaxed) > 0 || !l.local.remover.is_empty();
+            // Without room, the next slot must come from this batch's own
+            // rows once they commit: stop here and let the caller commit.
+            if ctl.closed.load(Ordering::Acquire) != 0 || !l.can_insert() || !room {
+                break;
+            }
+            match self.take_slot(&mut l, p) {
+                Ok(key) => keys.push(key),
+                Err(e) => {
+                    drop(l);
+                    for &key in &keys {
+                        self.abandon_slot(key);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Hands out a slot in `Writing` state to a writer the rate limiter
+    /// admitted, evicting with the remover when no slot is free.
+    fn take_slot(&self, l: &mut Locked<'_>, priority: f64) -> Result<SlotKey> {
         let slot = match l.pop_free() {
             Some(slot) => slot,
-            None => match self.evict_one(&mut l)? {
+            None => match self.evict_one(l)? {
                 Some(slot) => slot,
                 None => {
                     // Nothing committed to evict: maybe dead writers hold slots.
                     l.reap()?;
                     match l.pop_free() {
                         Some(slot) => slot,
-                        None => self
-                            .evict_one(&mut l)?
-                            .ok_or_else(|| Error::TableFull { capacity: self.spec().capacity() })?,
+                        None => {
+                            self.evict_one(l)?.ok_or_else(|| Error::TableFull { capacity: self.spec().capacity() })?
+                        }
                     }
                 }
             },
@@ -1055,6 +1096,37 @@ impl ReplayTable {
     /// the slot is given back, so nothing is left half-inserted.
     pub(crate) fn commit_slot(&self, key: SlotKey, priority: Option<f64>) -> Result<()> {
         let mut l = self.shared.lock()?;
+        let result = self.commit_locked(&mut l, key, priority);
+        l.wake();
+        result
+    }
+
+    /// [`ReplayTable::commit_slot`] for many trajectories under one lock.
+    /// Each is committed or given back on its own; returns the first error
+    /// after trying them all.
+    pub(crate) fn commit_slots(&self, keys: &[SlotKey], priorities: Option<&[f64]>) -> Result<()> {
+        let mut l = match self.shared.lock() {
+            Ok(l) => l,
+            Err(e) => {
+                for &key in keys {
+                    self.abandon_slot(key);
+                }
+                return Err(e);
+            }
+        };
+        let mut first_error = None;
+        for (i, &key) in keys.iter().enumerate() {
+            if let Err(e) = self.commit_locked(&mut l, key, priorities.map(|p| p[i])) {
+                first_error.get_or_insert(e);
+            }
+        }
+        l.wake();
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Commits one trajectory under the lock; on an error gives its slot
+    /// back. The caller wakes waiters.
+    fn commit_locked(&self, l: &mut Locked<'_>, key: SlotKey, priority: Option<f64>) -> Result<()> {
         let ctl = self.shared.region.control();
         let rec = self.shared.region.slot(key.slot)?;
         sub(&ctl.pending_inserts, 1);
@@ -1075,7 +1147,6 @@ impl ReplayTable {
             Ok(p) => {
                 rec.set_priority(key, p);
                 add(&ctl.inserts, 1);
-                l.wake();
                 Ok(())
             }
             Err(e) => {
@@ -1086,7 +1157,6 @@ impl ReplayTable {
                 if rec.free(key).is_ok() {
                     l.push_free(key.slot);
                 }
-                l.wake();
                 Err(e)
             }
         }

@@ -80,6 +80,8 @@ fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
                 "20000",
                 "--sampler",
                 "prioritized",
+                "--insert-batch",
+                "256",
             ],
         ),
         ("2 writer processes + 1 sampler", vec!["--writers", "2"]),

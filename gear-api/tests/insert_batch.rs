@@ -1,0 +1,188 @@
+//! `Writer::insert_batch`: many small trajectories per call, with the same
+//! guarantees as inserting them one by one.
+
+use gear_api::{Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableInfo};
+use gear_core::{ColumnSpec, DType, Pad, SlotKey, TableSpec, WindowSpec};
+use std::collections::HashMap;
+use std::time::Duration;
+
+const T: u64 = 4;
+
+fn spec(capacity: u64) -> TableSpec {
+    TableSpec::new(
+        vec![
+            ColumnSpec::new("obs", DType::U8, vec![6]),
+            ColumnSpec::new("action", DType::I32, vec![]),
+            ColumnSpec::new("reward", DType::F32, vec![2]),
+        ],
+        T,
+        capacity,
+    )
+    .unwrap()
+}
+
+/// Columns of trajectories `ids`, `steps` steps each, whose bytes encode
+/// (id, step).
+struct Batch {
+    obs: Vec<u8>,
+    action: Vec<i32>,
+    reward: Vec<f32>,
+}
+
+impl Batch {
+    fn new(ids: impl IntoIterator<Item = u8>, steps: u64) -> Self {
+        let mut b = Batch { obs: Vec::new(), action: Vec::new(), reward: Vec::new() };
+        for id in ids {
+            for s in 0..steps as u8 {
+                b.obs.extend_from_slice(&[id, s, 1, 2, 3, 4]);
+                b.action.push(i32::from(id) * 1000 + i32::from(s));
+                b.reward.extend_from_slice(&[f32::from(s), f32::from(id)]);
+            }
+        }
+        b
+    }
+
+    fn values(&self) -> [StepValue<'_>; 3] {
+        [StepValue::typed(&self.obs), StepValue::typed(&self.action), StepValue::typed(&self.reward)]
+    }
+}
+
+/// Samples `rows` rows and checks each against the trajectory its key was
+/// inserted with (`ids[key]`, `steps` steps); returns how often each id came.
+fn check_rows(table: &ReplayTable, ids: &HashMap<SlotKey, u8>, steps: u64, rows: usize) -> HashMap<u8, usize> {
+    let mut sampler = table.sampler(SampleConfig::new(rows, WindowSpec { offset: 0, len: T, pad: Pad::Tail })).unwrap();
+    let batch = sampler.sample().unwrap();
+    let obs = batch.column("obs").unwrap();
+    let action = batch.column("action").unwrap().as_slice::<i32>().unwrap();
+    let reward = batch.column("reward").unwrap().as_slice::<f32>().unwrap();
+    let mut seen = HashMap::new();
+    for (r, key) in batch.keys().iter().enumerate() {
+        let id = *ids.get(key).unwrap_or_else(|| panic!("row {r}: key {key} was not inserted by this test"));
+        *seen.entry(id).or_insert(0) += 1;
+        assert_eq!(batch.lengths()[r], steps, "row {r}");
+        for s in 0..T as usize {
+            let o = &obs.bytes[(r * T as usize + s) * 6..][..6];
+            let a = action[r * T as usize + s];
+            let w = &reward[(r * T as usize + s) * 2..][..2];
+            if (s as u64) < steps {
+                assert_eq!(o, &[id, s as u8, 1, 2, 3, 4], "row {r} step {s}");
+                assert_eq!(a, i32::from(id) * 1000 + s as i32, "row {r} step {s}");
+                assert_eq!(w, &[s as f32, f32::from(id)], "row {r} step {s}");
+            } else {
+                assert!(o.iter().all(|&b| b == 0) && a == 0 && w == [0.0, 0.0], "row {r} step {s} is padding");
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_batch_round_trips_every_trajectory_in_order() {
+    let table = ReplayTable::builder(spec(16)).seed(3).build().unwrap();
+    let batch = Batch::new(10..15, 3);
+    let keys = table.writer().insert_batch(5, 3, &batch.values(), Some(&[1.0, 2.0, 3.0, 4.0, 5.0])).unwrap();
+    assert_eq!(keys.len(), 5);
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.inserts, info.slots.committed, info.slots.writing), (5, 5, 5, 0));
+    assert_eq!(info.bytes_written, 5 * 3 * (6 + 4 + 8));
+    let ids: HashMap<SlotKey, u8> = keys.iter().copied().zip(10..15).collect();
+    assert_eq!(ids.len(), 5, "distinct keys");
+    let seen = check_rows(&table, &ids, 3, 400);
+    assert_eq!(seen.len(), 5, "every trajectory is sampled: {seen:?}");
+}
+
+#[test]
+fn no_priorities_lets_the_strategy_choose_and_one_step_items_work() {
+    let table = ReplayTable::builder(spec(64))
+        .sampler_kind(gear_sampler::StrategyKind::Prioritized, Default::default())
+        .build()
+        .unwrap();
+    let batch = Batch::new(0..40, 1);
+    let keys = table.writer().insert_batch(40, 1, &batch.values(), None).unwrap();
+    let ids: HashMap<SlotKey, u8> = keys.iter().copied().zip(0..40).collect();
+    check_rows(&table, &ids, 1, 256);
+}
+
+#[test]
+fn a_full_table_evicts_as_single_inserts_would() {
+    let table = ReplayTable::builder(spec(4)).build().unwrap();
+    let batch = Batch::new(0..10, 2);
+    let keys = table.writer().insert_batch(10, 2, &batch.values(), None).unwrap();
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.inserts, info.evictions), (4, 10, 6));
+    // FIFO eviction keeps the last four.
+    let ids: HashMap<SlotKey, u8> = keys[6..].iter().copied().zip(6..10).collect();
+    let seen = check_rows(&table, &ids, 2, 200);
+    assert_eq!(seen.len(), 4, "{seen:?}");
+}
+
+fn same_contents(a: &TableInfo, b: &TableInfo) {
+    assert_eq!(
+        (a.size, a.inserts, a.evictions, a.bytes_written, a.slots),
+        (b.size, b.inserts, b.evictions, b.bytes_written, b.slots)
+    );
+}
+
+#[test]
+fn bad_input_is_refused_before_any_slot_is_taken() {
+    let table = ReplayTable::builder(spec(8)).build().unwrap();
+    let w = table.writer();
+    let good = Batch::new([7], 2);
+    let first = w.insert_batch(1, 2, &good.values(), None).unwrap();
+    let before = table.info().unwrap();
+    let five = Batch::new(0..5, 2);
+    let [obs, action, reward] = five.values();
+    let wide = vec![0i64; 10];
+    let cases: Vec<(&str, gear_api::Result<Vec<SlotKey>>)> = vec![
+        ("column", w.insert_batch(5, 2, &[obs, action], None)),
+        ("obs", w.insert_batch(5, 2, &[StepValue::typed(&five.obs[..59]), action, reward], None)),
+        ("obs", w.insert_batch(4, 2, &five.values(), None)),
+        ("action", w.insert_batch(5, 2, &[obs, StepValue::typed(&wide), reward], None)),
+        ("priorities", w.insert_batch(5, 2, &five.values(), Some(&[1.0; 4]))),
+        ("priority", w.insert_batch(5, 2, &five.values(), Some(&[1.0, 1.0, f64::NAN, 1.0, 1.0]))),
+        ("priority", w.insert_batch(5, 2, &five.values(), Some(&[1.0, -1.0, 1.0, 1.0, 1.0]))),
+        ("empty", w.insert_batch(5, 0, &five.values(), None)),
+        ("maximum", w.insert_batch(2, 5, &five.values(), None)),
+    ];
+    for (word, result) in cases {
+        let e = result.expect_err(word);
+        assert!(e.to_string().to_lowercase().contains(word), "`{e}` should name the {word}");
+        same_contents(&table.info().unwrap(), &before);
+    }
+    // The trajectory inserted first is still there, untouched.
+    check_rows(&table, &HashMap::from([(first[0], 7)]), 2, 8);
+    assert!(w.insert_batch(0, 2, &Batch::new([], 2).values(), None).unwrap().is_empty());
+}
+
+#[test]
+fn the_rate_limiter_admits_what_it_can_and_a_timeout_keeps_what_was_committed() {
+    // At most three inserts ahead of samples (min_diff -1, max_diff 3).
+    let limiter = RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 2.0).unwrap();
+    let table = ReplayTable::builder(spec(16)).rate_limiter(limiter).build().unwrap();
+    let w = table.writer().with_timeout(Duration::from_millis(200));
+    let batch = Batch::new(0..5, 1);
+    let e = w.insert_batch(5, 1, &batch.values(), None).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.inserts, info.slots.writing, info.slots.committed), (3, 3, 0, 3));
+
+    // With a sampler draining, a batch larger than the limiter's window
+    // completes: it never holds slots while it waits.
+    let sampler_table = table.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_sampling = stop.clone();
+    let drain = std::thread::spawn(move || {
+        let config = SampleConfig::new(1, WindowSpec::whole(T)).timeout(Some(Duration::from_millis(50)));
+        let mut s = sampler_table.sampler(config).unwrap();
+        while !stop_sampling.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = s.sample();
+        }
+    });
+    let many = Batch::new(0..40, 1);
+    let w = table.writer().with_timeout(Duration::from_secs(20));
+    let keys = w.insert_batch(40, 1, &many.values(), None).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drain.join().unwrap();
+    assert_eq!(keys.len(), 40);
+    assert_eq!(table.info().unwrap().inserts, 43);
+}
