@@ -260,8 +260,12 @@ fn gather_rows(
             let dst = &mut buf[r * l * s..(r + 1) * l * s];
             let (head, rest) = dst.split_at_mut(w.dst_step as usize * s);
             let (data, tail) = rest.split_at_mut(w.steps as usize * s);
-            head.fill(0);
-            tail.fill(0);
+            if !head.is_empty() {
+                head.fill(0);
+            }
+            if !tail.is_empty() {
+                tail.fill(0);
+            }
             if !data.is_empty() {
                 // Validated: slot < capacity and src_step + steps <= len <= T.
                 src.copy_to(table.offset(u64::from(row.slot), c, w.src_step) as usize, data);

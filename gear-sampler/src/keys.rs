@@ -199,6 +199,14 @@ impl<T: Copy + Default> DenseKeys<T> {
         self.entries.get(slot).map_or(0, |e| e.generation)
     }
 
+    /// Starts loading the entry of `slot` (a hint; out of range is a no-op).
+    #[inline]
+    pub(crate) fn prefetch(&self, slot: usize) {
+        if let Some(e) = self.entries.get(slot) {
+            gear_core::hint::prefetch(e);
+        }
+    }
+
     /// Adds `key` with `value`. Call after [`DenseKeys::check_insert`].
     pub(crate) fn insert(&mut self, key: SlotKey, value: T) {
         debug_assert!(self.check_insert(key, "").is_ok());

@@ -430,6 +430,8 @@ impl Selector for Prioritized {
         let segment = total / n as f64;
         let mut us = [0.0f64; DRAW_GROUP];
         let mut leaves = [0usize; DRAW_GROUP];
+        let mut probabilities = [0.0f64; DRAW_GROUP];
+        let mut weights = [0.0f64; DRAW_GROUP];
         let mut start = 0;
         while start < n {
             let k = (n - start).min(DRAW_GROUP);
@@ -438,22 +440,19 @@ impl Selector for Prioritized {
                 *u = if self.stratified { ((start + j) as f64 + r) * segment } else { r * total };
             }
             self.tree.find_many(&us[..k], &mut leaves[..k]);
-            for group in leaves[..k].chunks(GROUP) {
-                // Touch each drawn slot's key first so the misses overlap.
-                let mut touched = 0u32;
-                for &leaf in group {
-                    touched ^= self.members.key(leaf).generation;
-                }
-                std::hint::black_box(touched);
-                for &leaf in group {
-                    let mass = self.tree.get(leaf);
-                    debug_assert!(mass > 0.0, "descent landed on zero-mass leaf {leaf}");
-                    out.push(Sampled {
-                        key: self.members.key(leaf),
-                        probability: mass / total,
-                        weight: self.weight_of(mass, min_mass),
-                    });
-                }
+            // Each drawn slot's key is a likely miss: start them all, then
+            // compute the weights (a `pow` each) while they arrive.
+            for &leaf in &leaves[..k] {
+                self.members.prefetch(leaf);
+            }
+            for (&leaf, (p, w)) in leaves[..k].iter().zip(probabilities.iter_mut().zip(weights.iter_mut())) {
+                let mass = self.tree.get(leaf);
+                debug_assert!(mass > 0.0, "descent landed on zero-mass leaf {leaf}");
+                *p = mass / total;
+                *w = self.weight_of(mass, min_mass);
+            }
+            for (&leaf, (&probability, &weight)) in leaves[..k].iter().zip(probabilities.iter().zip(&weights)) {
+                out.push(Sampled { key: self.members.key(leaf), probability, weight });
             }
             start += k;
         }
