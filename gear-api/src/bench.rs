@@ -109,6 +109,11 @@ pub struct BenchReport {
     /// `insert_gb_per_s / memcpy_2t_gb_per_s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insert_vs_memcpy_2t: Option<f64>,
+    /// Independent reads of random 64-byte lines per second, one thread,
+    /// over a buffer the size of the table (at most 256 MiB): the most
+    /// cache misses one core overlaps, which bounds any sampling that
+    /// touches a few random lines per row (small items).
+    pub random_line_reads_per_s: f64,
 }
 
 fn sample_config(c: &BenchConfig) -> Result<SampleConfig> {
@@ -225,6 +230,35 @@ fn memcpy_reference(chunk: usize, dst_len: usize, total: u64, threads: usize) ->
     (copies * threads as u64 * chunk as u64) as f64 / secs / 1e9
 }
 
+/// Reads `reads` random 64-byte lines of a `bytes`-sized buffer (at most
+/// [`RANDOM_REFERENCE_MAX_BYTES`]), in batches of 256 prefetched first as
+/// the sampler does; returns reads per second.
+fn random_line_reference(bytes: u64, reads: u64) -> f64 {
+    let lines = (bytes.min(RANDOM_REFERENCE_MAX_BYTES) / 64).max(1);
+    // Filled, so every page is faulted in, as the table's pool is.
+    let buf = vec![1u8; (lines * 64) as usize];
+    let mut rng = gear_core::Xoshiro256::seed_from_u64(7);
+    let at: Vec<usize> = (0..reads).map(|_| (gear_core::RandomSource::below(&mut rng, lines) * 64) as usize).collect();
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for batch in at.chunks(256) {
+        for &i in batch {
+            gear_core::hint::prefetch(&buf[i]);
+        }
+        for &i in batch {
+            sum = sum.wrapping_add(u64::from(buf[i]));
+        }
+    }
+    std::hint::black_box(sum);
+    reads as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Largest buffer [`random_line_reference`] reads: far past every cache.
+const RANDOM_REFERENCE_MAX_BYTES: u64 = 256 << 20;
+
+/// Random line reads the reference times.
+const RANDOM_REFERENCE_READS: u64 = 4_000_000;
+
 /// Runs the bench; `progress` shows what runs while it runs.
 pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport> {
     let spec = spec_for(c)?;
@@ -254,9 +288,11 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     let info = table.info()?;
     let gathered = info.bytes_gathered - before;
 
-    progress.phase("memcpy reference", 1);
+    progress.phase("memcpy and random-read references", 2);
     let data_bytes = table.shared.region.layout().total_bytes() as usize;
     let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, c.inserts * traj_bytes, 1);
+    progress.tick(1);
+    let random_lines = random_line_reference(table.shared.region.region_layout().total_bytes, RANDOM_REFERENCE_READS);
     progress.done();
 
     let insert_gb = (c.inserts * traj_bytes) as f64 / insert_s / 1e9;
@@ -276,6 +312,7 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
         writers: 0,
         memcpy_2t_gb_per_s: None,
         insert_vs_memcpy_2t: None,
+        random_line_reads_per_s: random_lines,
     })
 }
 
@@ -377,11 +414,14 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
     let sampler_stats: SamplerStats = sampler.finish()?;
     let info = table.info()?;
 
-    progress.phase("memcpy references", 2);
+    progress.phase("memcpy and random-read references", 3);
     let data_bytes = table.shared.region.layout().total_bytes() as usize;
     let total = writer_stats.iter().map(|w| w.bytes).sum::<u64>();
     let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, total, 1);
+    progress.tick(1);
     let memcpy_2t = memcpy_reference(traj_bytes as usize, data_bytes, total, 2);
+    progress.tick(2);
+    let random_lines = random_line_reference(table.shared.region.region_layout().total_bytes, RANDOM_REFERENCE_READS);
     progress.done();
 
     // Aggregate over the span from the first writer's start to the last
@@ -406,6 +446,7 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         writers,
         memcpy_2t_gb_per_s: Some(memcpy_2t),
         insert_vs_memcpy_2t: Some(insert_gb / memcpy_2t),
+        random_line_reads_per_s: random_lines,
     })
 }
 

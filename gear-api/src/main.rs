@@ -214,6 +214,11 @@ fn main() -> ExitCode {
                 if let (Some(m2), Some(x)) = (r.memcpy_2t_gb_per_s, r.insert_vs_memcpy_2t) {
                     println!("  memcpy, 2 threads : {m2:>14.2} GB/s (insert {x:.2} x)");
                 }
+                println!(
+                    "  random 64 B line reads : {:>6.1} M/s, one thread (sampled rows/s per line: {:.3})",
+                    r.random_line_reads_per_s / 1e6,
+                    r.sample_traj_per_s / r.random_line_reads_per_s
+                );
             })
         }
         Command::Serve { config, seconds } => serve(&config, seconds),

@@ -105,8 +105,8 @@ fn bench(args: &[String]) -> Result<()> {
     }
     let gear = root.join("target/release/gear");
     let mut table = String::from(
-        "| workload | insert traj/s | insert GB/s | insert / memcpy | sample traj/s | sample GB/s | sample / memcpy | memcpy GB/s | insert / 2-thread memcpy |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| workload | insert traj/s | insert GB/s | insert / memcpy | sample traj/s | sample GB/s | sample / memcpy | memcpy GB/s | insert / 2-thread memcpy | random line reads/s |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for (name, extra) in workloads(quick) {
         eprintln!("xtask bench: {name}");
@@ -118,7 +118,7 @@ fn bench(args: &[String]) -> Result<()> {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         let two = r["insert_vs_memcpy_2t"].as_f64().map_or("-".to_owned(), |x| format!("{x:.2}"));
         table += &format!(
-            "| {name} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {two} |\n",
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {two} | {:.1} M |\n",
             f("insert_traj_per_s"),
             f("insert_gb_per_s"),
             f("insert_vs_memcpy"),
@@ -126,6 +126,7 @@ fn bench(args: &[String]) -> Result<()> {
             f("sample_gb_per_s"),
             f("sample_vs_memcpy"),
             f("memcpy_gb_per_s"),
+            f("random_line_reads_per_s") / 1e6,
         );
     }
     print!("{table}");
