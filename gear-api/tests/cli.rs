@@ -27,7 +27,14 @@ fn bench_json_prints_the_documented_fields() {
     ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    for k in ["insert_traj_per_s", "insert_gb_per_s", "sample_traj_per_s", "sample_gb_per_s", "memcpy_gb_per_s"] {
+    for k in [
+        "insert_traj_per_s",
+        "insert_gb_per_s",
+        "sample_traj_per_s",
+        "sample_gb_per_s",
+        "memcpy_gb_per_s",
+        "random_line_reads_per_s",
+    ] {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} missing or not positive in {out}");
     }
     assert_eq!(v["evictions"], 24);
@@ -78,11 +85,16 @@ fn bench_accepts_every_strategy_and_writer_processes() {
         "3",
         "--batch",
         "2",
+        "--insert-batch",
+        "3",
     ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["writers"], 2);
     assert!(v["memcpy_2t_gb_per_s"].as_f64().is_some());
+    assert_eq!(v["evictions"], 12, "all 20 trajectories went in, in batches of 3: {out}");
+    let (ok, _, err) = gear(&["bench", "--insert-batch", "0"]);
+    assert!(!ok && err.contains("--insert-batch"), "{err}");
     let (ok, _, err) = gear(&["bench", "--sampler", "best"]);
     assert!(!ok && err.contains("unknown selection strategy `best`"), "{err}");
 }
