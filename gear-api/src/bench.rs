@@ -367,7 +367,8 @@ fn wait_for_start(at: u64) {
 const START_DELAY_NS: u64 = 500_000_000;
 
 /// `gear bench --writers N`: N writer processes insert concurrently while
-/// one sampler process samples, all on one shared-memory table.
+/// one sampler process samples (at least `batches` batches, and for as
+/// long as the writers run), all on one shared-memory table.
 pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progress) -> Result<BenchReport> {
     if writers == 0 {
         return Err(Error::Config("--writers must be at least 1".into()));
@@ -396,7 +397,12 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         kids.push(spawn("bench writer", &args)?);
     }
     let mut args: Vec<String> = vec!["bench-sampler".into(), "--table".into(), name.clone()];
-    args.extend(["--start-at-ns".into(), start_at]);
+    args.extend([
+        "--start-at-ns".into(),
+        start_at,
+        "--until-inserts".into(),
+        (per_writer * writers as u64).to_string(),
+    ]);
     args.extend([
         "--batches".into(),
         c.batches.to_string(),
@@ -483,15 +489,27 @@ pub fn writer_process(
 
 /// `gear bench-sampler`: samples `batches` batches from a shared table.
 /// Starts sampling when [`monotonic_ns`] reaches `start_at_ns`.
-pub fn sampler_process(table: &str, batches: u64, config: &BenchConfig, start_at_ns: u64) -> Result<()> {
+/// Samples at least `batches` batches, and goes on until the table has
+/// seen `until_inserts` inserts, so it competes with the writers for their
+/// whole run.
+pub fn sampler_process(
+    table: &str,
+    batches: u64,
+    config: &BenchConfig,
+    until_inserts: u64,
+    start_at_ns: u64,
+) -> Result<()> {
     let t = ReplayTable::attach(table, AttachOptions::default())?;
     let c = BenchConfig { steps: t.spec().max_len(), ..config.clone() };
     let mut sampler = t.sampler(sample_config(&c)?)?;
     let step_bytes = t.spec().step_bytes();
+    let inserts = &t.shared.region.control().inserts;
     wait_for_start(start_at_ns);
     let (mut rows, mut bytes) = (0u64, 0u64);
     let start = Instant::now();
-    for _ in 0..batches {
+    let mut done = 0;
+    while done < batches || inserts.load(std::sync::atomic::Ordering::Relaxed) < until_inserts {
+        done += 1;
         let b = sampler.sample()?;
         rows += b.rows() as u64;
         bytes += b.lengths().iter().sum::<u64>() * step_bytes;

@@ -125,6 +125,8 @@ enum Command {
         #[arg(long)]
         random_offsets: bool,
         #[arg(long, default_value_t = 0)]
+        until_inserts: u64,
+        #[arg(long, default_value_t = 0)]
         start_at_ns: u64,
     },
 }
@@ -229,9 +231,18 @@ fn main() -> ExitCode {
         Command::BenchWriter { table, steps, step_bytes, count, insert_batch, start_at_ns } => {
             gear_api::bench::writer_process(&table, count, steps, step_bytes, insert_batch, start_at_ns)
         }
-        Command::BenchSampler { table, batches, batch, window_offset, window_len, random_offsets, start_at_ns } => {
+        Command::BenchSampler {
+            table,
+            batches,
+            batch,
+            window_offset,
+            window_len,
+            random_offsets,
+            until_inserts,
+            start_at_ns,
+        } => {
             let config = BenchConfig { batch, window_offset, window_len, random_offsets, ..BenchConfig::default() };
-            gear_api::bench::sampler_process(&table, batches, &config, start_at_ns)
+            gear_api::bench::sampler_process(&table, batches, &config, until_inserts, start_at_ns)
         }
     };
     match result {
