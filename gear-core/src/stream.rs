@@ -31,7 +31,7 @@ pub unsafe fn copy_streaming(src: &[u8], dst: *mut u8) {
         let s = src.as_ptr();
         // Plain stores up to the first 16-byte boundary of `dst`.
         let head = dst.align_offset(16).min(len);
-        // SAFETY (this block): every offset below stays under `len`, so all
+        // SAFETY: every offset in this block stays under `len`, so all
         // reads are inside `src` and all writes inside `dst` (the caller's
         // contract); `dst.add(i)` for `i >= head` is 16-byte aligned, as
         // `_mm_stream_si128` requires; `_mm_loadu_si128` takes any

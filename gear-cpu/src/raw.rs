@@ -263,9 +263,10 @@ const SMALL_COPY: usize = 64;
 #[inline(always)]
 unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
     debug_assert!(n <= SMALL_COPY);
-    // SAFETY (this block): every access is `size_of::<T>()` bytes at an
-    // offset `k` with `k + size <= n`, inside both ranges (the caller's
-    // contract); `read_unaligned`/`write_unaligned` take any alignment.
+    // SAFETY: every `copy(k, bytes)` in this block has `k + bytes <= n`
+    // (the branches pick chunk sizes no larger than `n`), so it reads and
+    // writes inside both ranges (the caller's contract);
+    // `read_unaligned`/`write_unaligned` take any alignment.
     unsafe {
         let copy = |k: usize, bytes: usize| match bytes {
             16 => dst.add(k).cast::<u128>().write_unaligned(src.add(k).cast::<u128>().read_unaligned()),
