@@ -1006,10 +1006,10 @@ impl ReplayTable {
             match self.take_slot(&mut l, p) {
                 Ok(key) => keys.push(key),
                 Err(e) => {
-                    drop(l);
                     for &key in &keys {
-                        self.abandon_slot(key);
+                        self.abandon_locked(&mut l, key);
                     }
+                    l.wake();
                     return Err(e);
                 }
             }
@@ -1101,9 +1101,9 @@ impl ReplayTable {
         result
     }
 
-    /// [`ReplayTable::commit_slot`] for many trajectories under one lock.
-    /// Each is committed or given back on its own; returns the first error
-    /// after trying them all.
+    /// [`ReplayTable::commit_slot`] for many trajectories under one lock,
+    /// in order. At the first that fails, it and every later one are given
+    /// back and the error is returned: what precedes it stays committed.
     pub(crate) fn commit_slots(&self, keys: &[SlotKey], priorities: Option<&[f64]>) -> Result<()> {
         let mut l = match self.shared.lock() {
             Ok(l) => l,
@@ -1114,14 +1114,18 @@ impl ReplayTable {
                 return Err(e);
             }
         };
-        let mut first_error = None;
+        let mut result = Ok(());
         for (i, &key) in keys.iter().enumerate() {
             if let Err(e) = self.commit_locked(&mut l, key, priorities.map(|p| p[i])) {
-                first_error.get_or_insert(e);
+                for &later in &keys[i + 1..] {
+                    self.abandon_locked(&mut l, later);
+                }
+                result = Err(e);
+                break;
             }
         }
         l.wake();
-        first_error.map_or(Ok(()), Err)
+        result
     }
 
     /// Commits one trajectory under the lock; on an error gives its slot
@@ -1165,6 +1169,13 @@ impl ReplayTable {
     /// Frees a slot whose writer gave up (dropped without ending).
     pub(crate) fn abandon_slot(&self, key: SlotKey) {
         let Ok(mut l) = self.shared.lock() else { return };
+        self.abandon_locked(&mut l, key);
+        l.wake();
+    }
+
+    /// [`ReplayTable::abandon_slot`] under the lock; the caller wakes
+    /// waiters.
+    fn abandon_locked(&self, l: &mut Locked<'_>, key: SlotKey) {
         let ctl = self.shared.region.control();
         if l.local.in_sampler.get(key.slot as usize) == Some(&Some(key)) {
             let _ = l.record(Change { key, op: LogOp::Remove, target: target::SAMPLER, priority: 0.0 });
@@ -1176,7 +1187,6 @@ impl ReplayTable {
                 sub(&ctl.pending_inserts, 1);
             }
         }
-        l.wake();
     }
 
     /// Waits for the rate limiter, draws `n` rows and reports, for each, its

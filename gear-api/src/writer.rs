@@ -136,10 +136,12 @@ impl Writer {
     /// `begin(None)` does. Returns the keys in order.
     ///
     /// Every check (column count, dtypes, shapes, byte lengths, priorities)
-    /// runs before a slot is taken, so bad input changes nothing. Each
-    /// trajectory is inserted whole or not at all, in order; when the rate
-    /// limiter makes the call wait, the trajectories before are already
-    /// committed, and if it then fails (a timeout, a closed table) they stay.
+    /// runs before a slot is taken, so bad input changes nothing. The
+    /// trajectories go in whole, in order; when the rate limiter makes the
+    /// call wait, those before are already committed. On an error after
+    /// the checks (a timeout, a closed table, a strategy refusing an item)
+    /// the call stops: the trajectories before the failing one stay, it
+    /// and the rest are not inserted.
     pub fn insert_batch(
         &self,
         count: usize,

@@ -2,7 +2,7 @@
 //! guarantees as inserting them one by one.
 
 use gear_api::{Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableInfo};
-use gear_core::{ColumnSpec, DType, Pad, SlotKey, TableSpec, WindowSpec};
+use gear_core::{ColumnSpec, DType, Pad, Selector, SlotKey, TableSpec, WindowSpec};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -185,4 +185,55 @@ fn the_rate_limiter_admits_what_it_can_and_a_timeout_keeps_what_was_committed() 
     drain.join().unwrap();
     assert_eq!(keys.len(), 40);
     assert_eq!(table.info().unwrap().inserts, 43);
+}
+
+/// Uniform selection that refuses items of priority 13 (as a downstream
+/// strategy might refuse what it cannot hold).
+struct RefusesThirteen(gear_sampler::Uniform);
+
+impl Selector for RefusesThirteen {
+    fn name(&self) -> &str {
+        "refuses-thirteen"
+    }
+    fn prepare(&mut self, capacity: u64) -> gear_core::Result<()> {
+        self.0.prepare(capacity)
+    }
+    fn insert(&mut self, key: SlotKey, priority: Option<f64>) -> gear_core::Result<f64> {
+        if priority == Some(13.0) {
+            return Err(gear_core::Error::Selection("priority 13 refused".into()));
+        }
+        self.0.insert(key, priority)
+    }
+    fn update(&mut self, key: SlotKey, priority: f64) -> gear_core::Result<()> {
+        self.0.update(key, priority)
+    }
+    fn remove(&mut self, key: SlotKey) -> gear_core::Result<()> {
+        self.0.remove(key)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn sample(
+        &mut self,
+        n: usize,
+        rng: &mut dyn gear_core::RandomSource,
+        out: &mut Vec<gear_core::Sampled>,
+    ) -> gear_core::Result<()> {
+        self.0.sample(n, rng, out)
+    }
+}
+
+#[test]
+fn a_refused_commit_stops_the_batch_and_leaks_no_slot() {
+    let table = ReplayTable::builder(spec(8)).sampler(RefusesThirteen(gear_sampler::Uniform::new())).build().unwrap();
+    let batch = Batch::new(0..5, 1);
+    let e = table.writer().insert_batch(5, 1, &batch.values(), Some(&[1.0, 2.0, 13.0, 4.0, 5.0])).unwrap_err();
+    assert!(e.to_string().contains("priority 13 refused"), "{e}");
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.inserts), (2, 2), "the two before the refused one stay");
+    assert_eq!((info.slots.committed, info.slots.writing, info.slots.free), (2, 0, 6), "nothing left taken");
+    // The table still works: the slots given back are used again.
+    let more = Batch::new(10..16, 1);
+    table.writer().insert_batch(6, 1, &more.values(), None).unwrap();
+    assert_eq!(table.info().unwrap().size, 8);
 }
