@@ -11,6 +11,10 @@
 //!   table-sized buffer.
 //! * `sample/prioritized_256x64B`: one batch of 256 small items from a
 //!   prioritized table of 10^5.
+//! * `sample/uniform_32x513KiB_then_copy` and `sample/uniform_32x513KiB_into`:
+//!   a default `gear bench` batch (32 whole trajectories) delivered into a
+//!   caller's buffers, by copying out of the sampler's batch or with
+//!   `Sampler::sample_into`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gear_api::{ReplayTable, SampleConfig, StepValue};
@@ -143,6 +147,27 @@ fn bench_sample(c: &mut Criterion) {
     let mut sampler = table.sampler(SampleConfig::new(256, WindowSpec::whole(1))).unwrap();
     g.throughput(Throughput::Elements(256));
     g.bench_function("prioritized_256x64B", |b| b.iter(|| black_box(sampler.sample().unwrap().rows())));
+
+    let table = full_table(spec(4096, 128, 256), false);
+    let mut sampler = table.sampler(SampleConfig::new(32, WindowSpec::whole(128))).unwrap();
+    let sizes: Vec<usize> = (0..3).map(|i| sampler.layout().column_bytes(i) as usize).collect();
+    let mut mine: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    g.throughput(Throughput::Bytes(sizes.iter().sum::<usize>() as u64));
+    g.bench_function("uniform_32x513KiB_then_copy", |b| {
+        b.iter(|| {
+            let batch = sampler.sample().unwrap();
+            for (i, out) in mine.iter_mut().enumerate() {
+                out.copy_from_slice(batch.column_at(i).bytes);
+            }
+            black_box(&mine);
+        })
+    });
+    g.bench_function("uniform_32x513KiB_into", |b| {
+        b.iter(|| {
+            let mut cols: Vec<&mut [u8]> = mine.iter_mut().map(|v| &mut v[..]).collect();
+            black_box(sampler.sample_into(&mut cols).unwrap().rows());
+        })
+    });
     g.finish();
 }
 

@@ -381,19 +381,110 @@ impl RowGather for HostRows<'_> {
     }
 }
 
+/// The CPU collector as a [`RowGather`] into caller-owned buffers.
+struct CallerRows<'a, 'b> {
+    collector: &'a gear_cpu::CpuCollector,
+    view: gear_core::TableView<'a>,
+    columns: &'a mut [&'b mut [u8]],
+    lengths: &'a mut [u64],
+}
+
+impl RowGather for CallerRows<'_, '_> {
+    fn gather(&mut self, layout: &BatchLayout, rows: &[GatherRow]) -> Result<()> {
+        Ok(self.collector.gather_into(&self.view, rows, layout, self.columns, self.lengths)?)
+    }
+
+    fn regather(&mut self, layout: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()> {
+        Ok(self.collector.regather_into(&self.view, rows, layout, which, self.columns, self.lengths)?)
+    }
+
+    fn valid_steps(&self) -> u64 {
+        self.lengths.iter().sum()
+    }
+}
+
+/// What [`Sampler::sample_into`] tells about the rows it wrote: per row the
+/// valid length, key, probability, weight and start.
+#[derive(Clone, Copy, Debug)]
+pub struct SampledRows<'a> {
+    meta: &'a BatchMeta,
+    lengths: &'a [u64],
+}
+
+impl<'a> SampledRows<'a> {
+    /// Rows written.
+    pub fn rows(&self) -> usize {
+        self.meta.keys.len()
+    }
+
+    /// Valid steps of each row.
+    pub fn lengths(&self) -> &'a [u64] {
+        self.lengths
+    }
+
+    /// The key of each row (for priority updates).
+    pub fn keys(&self) -> &'a [SlotKey] {
+        &self.meta.keys
+    }
+
+    /// The probability each row was drawn with.
+    pub fn probabilities(&self) -> &'a [f64] {
+        &self.meta.probabilities
+    }
+
+    /// The importance-sampling weight of each row.
+    pub fn weights(&self) -> &'a [f64] {
+        &self.meta.weights
+    }
+
+    /// For each row, the stored step its first copied step came from.
+    pub fn starts(&self) -> &'a [u64] {
+        &self.meta.starts
+    }
+}
+
 /// Draws batches from one table into host memory.
 #[derive(Debug)]
 pub struct Sampler {
     table: ReplayTable,
     batch: SampledBatch,
     draws: Draws,
+    /// Row lengths of the last [`Sampler::sample_into`].
+    into_lengths: Vec<u64>,
 }
 
 impl Sampler {
     pub(crate) fn new(table: ReplayTable, config: SampleConfig) -> Result<Self> {
         let (draws, meta) = Draws::new(&table, &config)?;
         let host = table.shared.collector.alloc_batch(&draws.layout)?;
-        Ok(Sampler { table, batch: SampledBatch { host, meta }, draws })
+        let into_lengths = vec![0; draws.layout.rows()];
+        Ok(Sampler { table, batch: SampledBatch { host, meta }, draws, into_lengths })
+    }
+
+    /// The layout of every batch this sampler draws: requested columns,
+    /// rows, window, and the bytes of each column
+    /// ([`BatchLayout::column_bytes`]), which size the buffers
+    /// [`Sampler::sample_into`] takes.
+    pub fn layout(&self) -> &BatchLayout {
+        &self.draws.layout
+    }
+
+    /// [`Sampler::sample`] straight into caller-owned buffers (a pinned
+    /// staging area, a tensor's storage), saving the copy out of the
+    /// sampler's own batch. `columns[i]` receives requested column `i` as
+    /// `[rows, window.len, *shape]` in its first
+    /// `layout().column_bytes(i)` bytes (any bytes past them are left
+    /// alone); padding is zeroed as in a [`SampledBatch`]. Buffers of the
+    /// wrong count or too small are refused before anything is drawn.
+    pub fn sample_into(&mut self, columns: &mut [&mut [u8]]) -> Result<SampledRows<'_>> {
+        // Before drawing: a refused call must not count samples or retire
+        // rows.
+        gear_cpu::check_column_buffers(&self.draws.layout, columns)?;
+        let sh = &*self.table.shared;
+        let mut copy =
+            CallerRows { collector: &sh.collector, view: sh.region.view(), columns, lengths: &mut self.into_lengths };
+        self.draws.sample(&self.table, &mut copy, &mut self.batch.meta)?;
+        Ok(SampledRows { meta: &self.batch.meta, lengths: &self.into_lengths })
     }
 
     /// Draws and gathers one batch. Waits (up to the timeout) while the

@@ -274,28 +274,88 @@ fn gather_rows(
     }
 }
 
-impl Collector for CpuCollector {
-    type Batch = HostBatch;
+/// Checks caller-owned column buffers against a batch layout: one buffer
+/// per requested column, each at least the column's batch bytes
+/// ([`BatchLayout::column_bytes`]). [`CpuCollector::gather_into`] checks
+/// this itself; callers with state to protect check first.
+pub fn check_column_buffers(layout: &BatchLayout, columns: &[&mut [u8]]) -> Result<()> {
+    if columns.len() != layout.columns().len() {
+        return Err(Error::InvalidWindow(format!(
+            "{} column buffers given, the batch layout has {} columns",
+            columns.len(),
+            layout.columns().len()
+        )));
+    }
+    for (i, c) in columns.iter().enumerate() {
+        let needed = layout.column_bytes(i);
+        if (c.len() as u64) < needed {
+            return Err(Error::BufferTooSmall { what: format!("batch column {i}"), needed, got: c.len() as u64 });
+        }
+    }
+    Ok(())
+}
 
-    fn alloc_batch(&self, layout: &BatchLayout) -> Result<HostBatch> {
-        HostBatch::new(layout)
+/// [`check_column_buffers`], and one length per row.
+fn check_out(layout: &BatchLayout, columns: &[&mut [u8]], lengths: &[u64]) -> Result<()> {
+    check_column_buffers(layout, columns)?;
+    if lengths.len() != layout.rows() {
+        return Err(Error::InvalidWindow(format!(
+            "{} row lengths given, the batch layout has {} rows",
+            lengths.len(),
+            layout.rows()
+        )));
+    }
+    Ok(())
+}
+
+fn check_which(which: &[usize], rows: usize) -> Result<()> {
+    match which.iter().find(|&&r| r >= rows) {
+        Some(&r) => {
+            Err(Error::InvalidWindow(format!("row {r} to gather again is out of range: the batch has {rows} rows")))
+        }
+        None => Ok(()),
+    }
+}
+
+impl CpuCollector {
+    /// Gathers `rows` straight into caller-owned buffers (a pinned staging
+    /// area, a tensor's storage), with the same output contract as
+    /// [`Collector::gather`]: `columns[i]` receives requested column `i` as
+    /// `[rows, window.len, *shape]` in its first
+    /// [`BatchLayout::column_bytes`] bytes (bytes past them are left
+    /// alone), and `lengths[r]` row `r`'s copied steps. Everything is
+    /// checked before a byte is written.
+    pub fn gather_into(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        layout: &BatchLayout,
+        columns: &mut [&mut [u8]],
+        lengths: &mut [u64],
+    ) -> Result<()> {
+        let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
+        validate(src.layout(), rows, layout)?;
+        check_out(layout, columns, lengths)?;
+        self.gather_checked(&bytes, src.layout(), rows, layout, columns, lengths);
+        Ok(())
     }
 
-    fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut HostBatch) -> Result<()> {
-        let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
-        let table_layout = src.layout();
-        validate(table_layout, rows, layout)?;
-        out.prepare(layout)?;
-        let HostBatch { buffers, lengths, .. } = out;
-        let mut cols: Vec<&mut [u8]> = buffers
-            .iter_mut()
-            .enumerate()
-            .map(|(i, b)| &mut b.as_mut_slice()[..layout.column_bytes(i) as usize])
-            .collect();
+    /// [`CpuCollector::gather_into`] once `validate` and `check_out` passed.
+    fn gather_checked(
+        &self,
+        bytes: &SharedBytes<'_>,
+        table_layout: &Layout,
+        rows: &[GatherRow],
+        layout: &BatchLayout,
+        columns: &mut [&mut [u8]],
+        lengths: &mut [u64],
+    ) {
+        let mut cols: Vec<&mut [u8]> =
+            columns.iter_mut().enumerate().map(|(i, c)| &mut c[..layout.column_bytes(i) as usize]).collect();
         let threads = self.threads_for(layout);
         if threads <= 1 {
-            gather_rows(&bytes, table_layout, layout, rows, &mut cols, lengths);
-            return Ok(());
+            gather_rows(bytes, table_layout, layout, rows, &mut cols, lengths);
+            return;
         }
         // One share of rows per thread, in a queue that the spawned threads
         // and this one drain; if a thread cannot be spawned, the others
@@ -303,7 +363,7 @@ impl Collector for CpuCollector {
         let per = rows.len().div_ceil(threads);
         let row_bytes: Vec<usize> = (0..cols.len()).map(|i| layout.row_bytes(i) as usize).collect();
         let mut shares = Vec::with_capacity(threads);
-        let (mut rows_left, mut lens_left) = (rows, &mut lengths[..]);
+        let (mut rows_left, mut lens_left) = (rows, lengths);
         while !rows_left.is_empty() {
             let n = per.min(rows_left.len());
             let (rows_now, rows_rest) = rows_left.split_at(n);
@@ -321,7 +381,7 @@ impl Collector for CpuCollector {
         let work = || loop {
             let share = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
             let Some(mut share) = share else { break };
-            gather_rows(&bytes, table_layout, layout, share.rows, &mut share.cols, share.lengths);
+            gather_rows(bytes, table_layout, layout, share.rows, &mut share.cols, share.lengths);
         };
         std::thread::scope(|scope| {
             for _ in 1..threads {
@@ -331,6 +391,74 @@ impl Collector for CpuCollector {
             }
             work();
         });
+    }
+
+    /// [`Collector::regather`] into caller-owned buffers: copies again the
+    /// rows listed in `which`, as [`CpuCollector::gather_into`] would.
+    pub fn regather_into(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        layout: &BatchLayout,
+        which: &[usize],
+        columns: &mut [&mut [u8]],
+        lengths: &mut [u64],
+    ) -> Result<()> {
+        let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
+        validate(src.layout(), rows, layout)?;
+        check_which(which, rows.len())?;
+        check_out(layout, columns, lengths)?;
+        regather_checked(&bytes, src.layout(), rows, layout, which, columns, lengths);
+        Ok(())
+    }
+}
+
+/// [`CpuCollector::regather_into`] once every check passed.
+fn regather_checked(
+    bytes: &SharedBytes<'_>,
+    table_layout: &Layout,
+    rows: &[GatherRow],
+    layout: &BatchLayout,
+    which: &[usize],
+    columns: &mut [&mut [u8]],
+    lengths: &mut [u64],
+) {
+    for &r in which {
+        let mut cols: Vec<&mut [u8]> = columns
+            .iter_mut()
+            .enumerate()
+            .map(|(i, c)| {
+                let n = layout.row_bytes(i) as usize;
+                &mut c[r * n..(r + 1) * n]
+            })
+            .collect();
+        gather_rows(bytes, table_layout, layout, &rows[r..=r], &mut cols, &mut lengths[r..=r]);
+    }
+}
+
+impl HostBatch {
+    /// The column buffers and row lengths, for the `_into` gathers.
+    fn parts(&mut self) -> (Vec<&mut [u8]>, &mut [u64]) {
+        let HostBatch { buffers, lengths, .. } = self;
+        (buffers.iter_mut().map(AlignedBytes::as_mut_slice).collect(), lengths)
+    }
+}
+
+impl Collector for CpuCollector {
+    type Batch = HostBatch;
+
+    fn alloc_batch(&self, layout: &BatchLayout) -> Result<HostBatch> {
+        HostBatch::new(layout)
+    }
+
+    fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut HostBatch) -> Result<()> {
+        let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
+        validate(src.layout(), rows, layout)?;
+        // `prepare` sizes the buffers and lengths for the layout, which is
+        // what `check_out` would check.
+        out.prepare(layout)?;
+        let (mut cols, lengths) = out.parts();
+        self.gather_checked(&bytes, src.layout(), rows, layout, &mut cols, lengths);
         Ok(())
     }
 
@@ -343,27 +471,11 @@ impl Collector for CpuCollector {
         out: &mut HostBatch,
     ) -> Result<()> {
         let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
-        let table_layout = src.layout();
-        validate(table_layout, rows, layout)?;
-        if let Some(&r) = which.iter().find(|&&r| r >= rows.len()) {
-            return Err(Error::InvalidWindow(format!(
-                "row {r} to gather again is out of range: the batch has {} rows",
-                rows.len()
-            )));
-        }
+        validate(src.layout(), rows, layout)?;
+        check_which(which, rows.len())?;
         out.prepare(layout)?;
-        let HostBatch { buffers, lengths, .. } = out;
-        for &r in which {
-            let mut cols: Vec<&mut [u8]> = buffers
-                .iter_mut()
-                .enumerate()
-                .map(|(i, b)| {
-                    let n = layout.row_bytes(i) as usize;
-                    &mut b.as_mut_slice()[r * n..(r + 1) * n]
-                })
-                .collect();
-            gather_rows(&bytes, table_layout, layout, &rows[r..=r], &mut cols, &mut lengths[r..=r]);
-        }
+        let (mut cols, lengths) = out.parts();
+        regather_checked(&bytes, src.layout(), rows, layout, which, &mut cols, lengths);
         Ok(())
     }
 }

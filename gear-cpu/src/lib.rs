@@ -31,7 +31,7 @@ mod raw;
 mod shm;
 pub mod sync;
 
-pub use collect::{CpuCollector, HostBatch, BATCH_ALIGN, DEFAULT_BYTES_PER_THREAD};
+pub use collect::{check_column_buffers, CpuCollector, HostBatch, BATCH_ALIGN, DEFAULT_BYTES_PER_THREAD};
 pub use error::{Error, Result};
 pub use host::{HostPool, HOST_POOL_ALIGN};
 pub use raw::Plain;

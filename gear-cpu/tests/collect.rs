@@ -134,8 +134,40 @@ proptest! {
             for (i, want) in want.iter().enumerate() {
                 prop_assert_eq!(batch.column(i), &want[..], "column {} with {:?}", i, collector);
             }
+
+            // The same into caller-owned buffers, longer than needed: the
+            // batch bytes match, the bytes past them stay as they were.
+            let mut bufs: Vec<Vec<u8>> = want.iter().map(|w| vec![0x5a; w.len() + 7]).collect();
+            let mut lens = vec![u64::MAX; rows.len()];
+            let mut cols: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            collector.gather_into(&table.view(), &rows, &layout, &mut cols, &mut lens).unwrap();
+            prop_assert_eq!(&lens, &lengths);
+            for (i, want) in want.iter().enumerate() {
+                prop_assert_eq!(&bufs[i][..want.len()], &want[..], "caller column {} with {:?}", i, collector);
+                prop_assert!(bufs[i][want.len()..].iter().all(|&b| b == 0x5a), "caller column {} overrun", i);
+            }
         }
     }
+}
+
+#[test]
+fn gather_into_refuses_wrong_buffers_before_writing() {
+    let spec = two_column_spec();
+    let table = filled_table(&spec);
+    let rows = [GatherRow { slot: 1, len: 3 }, GatherRow { slot: 0, len: 2 }];
+    let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), WindowSpec::last(2)).unwrap();
+    let c = CpuCollector::with_threads(1);
+    let (n0, n1) = (layout.column_bytes(0) as usize, layout.column_bytes(1) as usize);
+    let (mut a, mut b, mut short) = (vec![7u8; n0], vec![7u8; n1], vec![7u8; n1 - 1]);
+    let mut lens = [9u64; 2];
+    let mut refused = |cols: &mut [&mut [u8]], nlens: usize, words: &str| {
+        let e = c.gather_into(&table.view(), &rows, &layout, cols, &mut lens[..nlens]).unwrap_err();
+        assert!(e.to_string().contains(words), "`{e}` should say {words}");
+    };
+    refused(&mut [&mut a[..]], 2, "1 column buffers given");
+    refused(&mut [&mut a[..], &mut short[..]], 2, "batch column 1");
+    refused(&mut [&mut a[..], &mut b[..]], 1, "1 row lengths given");
+    assert!(a.iter().chain(&b).chain(&short).all(|&x| x == 7) && lens == [9, 9], "nothing written");
 }
 
 fn two_column_spec() -> TableSpec {

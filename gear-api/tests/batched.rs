@@ -1,5 +1,6 @@
-//! `Writer::insert_batch`: many small trajectories per call, with the same
-//! guarantees as inserting them one by one.
+//! Batched paths: `Writer::insert_batch` (many small trajectories per call,
+//! with the same guarantees as inserting them one by one) and
+//! `Sampler::sample_into` (batches straight into caller-owned buffers).
 
 use gear_api::{Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableInfo};
 use gear_core::{ColumnSpec, DType, Pad, Selector, SlotKey, TableSpec, WindowSpec};
@@ -50,18 +51,36 @@ impl Batch {
 /// Samples `rows` rows and checks each against the trajectory its key was
 /// inserted with (`ids[key]`, `steps` steps); returns how often each id came.
 fn check_rows(table: &ReplayTable, ids: &HashMap<SlotKey, u8>, steps: u64, rows: usize) -> HashMap<u8, usize> {
-    let mut sampler = table.sampler(SampleConfig::new(rows, WindowSpec { offset: 0, len: T, pad: Pad::Tail })).unwrap();
+    let mut sampler = table.sampler(SampleConfig::new(rows, window())).unwrap();
     let batch = sampler.sample().unwrap();
-    let obs = batch.column("obs").unwrap();
+    let obs = batch.column("obs").unwrap().bytes;
     let action = batch.column("action").unwrap().as_slice::<i32>().unwrap();
     let reward = batch.column("reward").unwrap().as_slice::<f32>().unwrap();
+    check_batch(ids, steps, batch.keys(), batch.lengths(), obs, action, reward)
+}
+
+fn window() -> WindowSpec {
+    WindowSpec { offset: 0, len: T, pad: Pad::Tail }
+}
+
+/// Checks a batch's rows against the trajectories their keys were inserted
+/// with; returns how often each id came.
+fn check_batch(
+    ids: &HashMap<SlotKey, u8>,
+    steps: u64,
+    keys: &[SlotKey],
+    lengths: &[u64],
+    obs: &[u8],
+    action: &[i32],
+    reward: &[f32],
+) -> HashMap<u8, usize> {
     let mut seen = HashMap::new();
-    for (r, key) in batch.keys().iter().enumerate() {
+    for (r, key) in keys.iter().enumerate() {
         let id = *ids.get(key).unwrap_or_else(|| panic!("row {r}: key {key} was not inserted by this test"));
         *seen.entry(id).or_insert(0) += 1;
-        assert_eq!(batch.lengths()[r], steps, "row {r}");
+        assert_eq!(lengths[r], steps, "row {r}");
         for s in 0..T as usize {
-            let o = &obs.bytes[(r * T as usize + s) * 6..][..6];
+            let o = &obs[(r * T as usize + s) * 6..][..6];
             let a = action[r * T as usize + s];
             let w = &reward[(r * T as usize + s) * 2..][..2];
             if (s as u64) < steps {
@@ -236,4 +255,57 @@ fn a_refused_commit_stops_the_batch_and_leaks_no_slot() {
     let more = Batch::new(10..16, 1);
     table.writer().insert_batch(6, 1, &more.values(), None).unwrap();
     assert_eq!(table.info().unwrap().size, 8);
+}
+
+#[test]
+fn sample_into_writes_caller_buffers_like_a_sampled_batch() {
+    let table = ReplayTable::builder(spec(16)).seed(5).build().unwrap();
+    let batch = Batch::new(10..15, 3);
+    let keys = table.writer().insert_batch(5, 3, &batch.values(), None).unwrap();
+    let ids: HashMap<SlotKey, u8> = keys.iter().copied().zip(10..15).collect();
+    let rows = 64;
+    let mut sampler = table.sampler(SampleConfig::new(rows, window())).unwrap();
+    let layout = sampler.layout().clone();
+    let n = |i: usize| layout.column_bytes(i) as usize;
+    // Larger than needed and not zeroed: padding must still come out zero,
+    // and the bytes past each column must stay as they were.
+    let mut bufs: Vec<Vec<u8>> = (0..3).map(|i| vec![0xEE; n(i) + 16]).collect();
+    for round in 0..3 {
+        let mut cols: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let out = sampler.sample_into(&mut cols).unwrap();
+        assert_eq!(out.rows(), rows);
+        assert!(out.probabilities().iter().all(|&p| (p - 0.2).abs() < 1e-12), "uniform over 5");
+        assert!(out.weights().iter().all(|&w| w == 1.0) && out.starts().iter().all(|&s| s == 0));
+        let (keys, lengths) = (out.keys().to_vec(), out.lengths().to_vec());
+        let action: Vec<i32> = bufs[1][..n(1)].chunks(4).map(|b| i32::from_ne_bytes(b.try_into().unwrap())).collect();
+        let reward: Vec<f32> = bufs[2][..n(2)].chunks(4).map(|b| f32::from_ne_bytes(b.try_into().unwrap())).collect();
+        let seen = check_batch(&ids, 3, &keys, &lengths, &bufs[0][..n(0)], &action, &reward);
+        assert_eq!(seen.len(), 5, "round {round}: {seen:?}");
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b[n(i)..].iter().all(|&x| x == 0xEE), "round {round}: column {i} written past its batch bytes");
+        }
+    }
+    assert_eq!(table.info().unwrap().samples, 3 * rows as u64);
+}
+
+#[test]
+fn sample_into_refuses_bad_buffers_before_drawing() {
+    let table = ReplayTable::builder(spec(16)).max_times_sampled(1).build().unwrap();
+    let batch = Batch::new(0..4, 2);
+    table.writer().insert_batch(4, 2, &batch.values(), None).unwrap();
+    let mut sampler = table.sampler(SampleConfig::new(2, window())).unwrap();
+    let layout = sampler.layout().clone();
+    let mut ok: Vec<Vec<u8>> = (0..3).map(|i| vec![0; layout.column_bytes(i) as usize]).collect();
+    let mut short = vec![0u8; layout.column_bytes(0) as usize - 1];
+    let [a, b, c] = &mut ok[..] else { unreachable!("three buffers") };
+    let e = sampler.sample_into(&mut [&mut a[..], &mut b[..]]).unwrap_err();
+    assert!(e.to_string().contains("2 column buffers"), "{e}");
+    let e = sampler.sample_into(&mut [&mut short[..], &mut b[..], &mut c[..]]).unwrap_err();
+    assert!(e.to_string().contains("batch column 0"), "{e}");
+    let info = table.info().unwrap();
+    assert_eq!((info.samples, info.size, info.retired), (0, 4, 0), "nothing drawn, nothing retired");
+    let out = sampler.sample_into(&mut [&mut a[..], &mut b[..], &mut c[..]]).unwrap();
+    let distinct = out.keys().iter().collect::<std::collections::HashSet<_>>().len() as u64;
+    let info = table.info().unwrap();
+    assert_eq!((info.samples, info.retired), (2, distinct), "a good call draws and retires as sample() does");
 }
