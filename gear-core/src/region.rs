@@ -365,7 +365,7 @@ impl<R: MemoryRegion> TableRegion<R> {
         unsafe {
             let dst = self.data_ptr().as_ptr().add(off);
             if bytes.len() >= crate::stream::STREAM_MIN_BYTES {
-                crate::stream::copy_streaming(bytes, dst);
+                crate::stream::copy_streaming(bytes.as_ptr(), dst, bytes.len());
             } else {
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
             }

@@ -15,20 +15,19 @@
 /// documentation); smaller ones use a plain copy.
 pub const STREAM_MIN_BYTES: usize = 128 << 10;
 
-/// Copies `src` to `dst`, with non-temporal stores where the target has
-/// them (x86-64), and makes the stores visible to other cores before
-/// returning, so a release store that publishes them afterwards orders
-/// after them as it would after a plain copy.
+/// Copies `len` bytes from `src` to `dst`, with non-temporal stores where
+/// the target has them (x86-64), and makes the stores visible to other
+/// cores before returning, so a release store that publishes them
+/// afterwards orders after them as it would after a plain copy.
 ///
 /// # Safety
-/// `dst` must be valid for writes of `src.len()` bytes and must not overlap
-/// `src`.
-pub unsafe fn copy_streaming(src: &[u8], dst: *mut u8) {
+/// As for [`std::ptr::copy_nonoverlapping`]: `src` must be valid for reads
+/// and `dst` for writes of `len` bytes, and the ranges must not overlap.
+pub unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        let len = src.len();
-        let s = src.as_ptr();
+        let s = src;
         // Plain stores up to the first 16-byte boundary of `dst`.
         let head = dst.align_offset(16).min(len);
         // SAFETY: every offset in this block stays under `len`, so all
@@ -63,7 +62,7 @@ pub unsafe fn copy_streaming(src: &[u8], dst: *mut u8) {
     #[cfg(not(target_arch = "x86_64"))]
     // SAFETY: the caller's contract is `copy_nonoverlapping`'s.
     unsafe {
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
+        std::ptr::copy_nonoverlapping(src, dst, len)
     }
 }
 
@@ -81,7 +80,7 @@ mod tests {
                 let mut dst = vec![0xAAu8; 720];
                 // SAFETY: `offset + len <= 620 < 720`, and `dst` is a
                 // separate buffer from `src`.
-                unsafe { copy_streaming(&src[..len], dst.as_mut_ptr().add(offset)) };
+                unsafe { copy_streaming(src.as_ptr(), dst.as_mut_ptr().add(offset), len) };
                 assert!(dst[..offset].iter().all(|&b| b == 0xAA), "offset {offset} len {len}: head touched");
                 assert_eq!(&dst[offset..offset + len], &src[..len], "offset {offset} len {len}");
                 assert!(dst[offset + len..].iter().all(|&b| b == 0xAA), "offset {offset} len {len}: tail touched");

@@ -242,6 +242,8 @@ impl<'a> SharedBytes<'a> {
             let src = self.base.as_ptr().add(offset);
             if dst.len() <= SMALL_COPY {
                 copy_small(src, dst.as_mut_ptr(), dst.len());
+            } else if dst.len() >= gear_core::stream::STREAM_MIN_BYTES {
+                gear_core::stream::copy_streaming(src, dst.as_mut_ptr(), dst.len());
             } else {
                 std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len());
             }
