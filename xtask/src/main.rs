@@ -1,8 +1,11 @@
 //! `cargo xtask <command>`: repository tasks for GEAR-rs.
 //!
-//! * `bench [--quick]`: builds `gear` in release mode, runs `gear bench
-//!   --json` over the standard workloads and writes a Markdown table to
-//!   stdout and `target/bench.md`.
+//! * `bench [--quick] [--runs N]`: builds `gear` in release mode, runs
+//!   `gear bench --json` over the standard workloads (each N times, default
+//!   3, 1 with --quick) and writes a Markdown table of medians, with each
+//!   ratio's range over the runs, to stdout and `target/bench.md`.
+//!   `--quick` cuts every workload to a few hundred inserts: a smoke run
+//!   whose figures (the memcpy reference above all) mean little.
 //! * `soak [--seconds N]`: the multi-process stress test (4 writer and 2
 //!   sampler processes on one shared table, every sampled row checked) for N
 //!   seconds instead of the test suite's few.
@@ -24,8 +27,8 @@ fn main() -> Result<()> {
         Some("soak") => soak(&args[1..]),
         Some("help") | Some("--help") | None => {
             println!(
-                "cargo xtask <command>\n\ncommands:\n  bench [--quick]   run gear bench over the standard workloads, \
-                 write target/bench.md\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked\n  {}",
+                "cargo xtask <command>\n\ncommands:\n  bench [--quick] [--runs N]   run gear bench over the standard workloads \
+                 (medians of N runs, default 3), write target/bench.md\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked\n  {}",
                 gpu_test::USAGE
             );
             Ok(())
@@ -100,8 +103,26 @@ fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
     w
 }
 
+/// The median of `xs` (NaN when empty).
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
+    let runs: usize = match args.iter().position(|a| a == "--runs") {
+        Some(i) => args.get(i + 1).context("--runs takes a number")?.parse().context("--runs takes a whole number")?,
+        None if quick => 1,
+        None => 3,
+    };
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
     let root = root();
     let status = Command::new(env!("CARGO"))
         .args(["build", "--release", "--bin", "gear"])
@@ -112,29 +133,49 @@ fn bench(args: &[String]) -> Result<()> {
         bail!("cargo build --release --bin gear failed");
     }
     let gear = root.join("target/release/gear");
-    let mut table = String::from(
-        "| workload | insert traj/s | insert GB/s | insert / memcpy | sample traj/s | sample GB/s | sample / memcpy | memcpy GB/s | insert / 2-thread memcpy | random line reads/s |\n\
+    let mut table = format!(
+        "Median of {runs} run(s) per workload; ratios are taken within each run, with their range over the runs in \
+         parentheses.\n\n\
+         | workload | insert traj/s | insert GB/s | insert / memcpy | sample traj/s | sample GB/s | sample / memcpy | memcpy GB/s | insert / 2-thread memcpy | random line reads/s |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for (name, extra) in workloads(quick) {
-        eprintln!("xtask bench: {name}");
-        let out = Command::new(&gear).arg("bench").arg("--json").args(&extra).output().context("running gear bench")?;
-        if !out.status.success() {
-            bail!("gear bench {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        let mut reports = Vec::with_capacity(runs);
+        for run in 1..=runs {
+            eprintln!("xtask bench: {name} ({run}/{runs})");
+            let out =
+                Command::new(&gear).arg("bench").arg("--json").args(&extra).output().context("running gear bench")?;
+            if !out.status.success() {
+                bail!("gear bench {extra:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let r: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing gear bench --json")?;
+            reports.push(r);
         }
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing gear bench --json")?;
-        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        let two = r["insert_vs_memcpy_2t"].as_f64().map_or("-".to_owned(), |x| format!("{x:.2}"));
+        let values = |k: &str| -> Vec<f64> { reports.iter().filter_map(|r| r[k].as_f64()).collect() };
+        let mid = |k: &str| median(&mut values(k));
+        let ratio = |k: &str| -> String {
+            let mut v = values(k);
+            if v.is_empty() {
+                return "-".to_owned();
+            }
+            let m = median(&mut v);
+            if v.len() == 1 {
+                format!("{m:.2}")
+            } else {
+                format!("{m:.2} ({:.2}-{:.2})", v[0], v[v.len() - 1])
+            }
+        };
         table += &format!(
-            "| {name} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} | {:.2} | {two} | {:.1} M |\n",
-            f("insert_traj_per_s"),
-            f("insert_gb_per_s"),
-            f("insert_vs_memcpy"),
-            f("sample_traj_per_s"),
-            f("sample_gb_per_s"),
-            f("sample_vs_memcpy"),
-            f("memcpy_gb_per_s"),
-            f("random_line_reads_per_s") / 1e6,
+            "| {name} | {:.0} | {:.2} | {} | {:.0} | {:.2} | {} | {:.2} | {} | {:.1} M |\n",
+            mid("insert_traj_per_s"),
+            mid("insert_gb_per_s"),
+            ratio("insert_vs_memcpy"),
+            mid("sample_traj_per_s"),
+            mid("sample_gb_per_s"),
+            ratio("sample_vs_memcpy"),
+            mid("memcpy_gb_per_s"),
+            ratio("insert_vs_memcpy_2t"),
+            mid("random_line_reads_per_s") / 1e6,
         );
     }
     print!("{table}");
