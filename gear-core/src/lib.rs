@@ -21,6 +21,7 @@
 
 pub mod collect;
 pub mod control;
+pub mod copy;
 pub mod dtype;
 pub mod error;
 pub mod hint;
@@ -31,7 +32,6 @@ pub mod rng;
 pub mod select;
 pub mod slot;
 pub mod spec;
-pub mod stream;
 pub mod sync;
 pub mod transport;
 pub mod window;

@@ -362,14 +362,7 @@ impl<R: MemoryRegion> TableRegion<R> {
         // checks above), inside the data area. The slot is `Writing`, so its
         // owner is the only writer; concurrent readers follow the seqlock
         // protocol and discard copies that raced with a reuse.
-        unsafe {
-            let dst = self.data_ptr().as_ptr().add(off);
-            if bytes.len() >= crate::stream::STREAM_MIN_BYTES {
-                crate::stream::copy_streaming(bytes.as_ptr(), dst, bytes.len());
-            } else {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
-            }
-        }
+        unsafe { crate::copy::copy_bytes(bytes.as_ptr(), self.data_ptr().as_ptr().add(off), bytes.len()) };
         Ok(())
     }
 

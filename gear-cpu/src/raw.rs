@@ -238,62 +238,7 @@ impl<'a> SharedBytes<'a> {
         // contract); `dst` is a unique borrow of our own buffer, so the
         // ranges do not overlap. Bytes another process writes concurrently
         // may be torn; the seqlock reader discards such copies (module doc).
-        unsafe {
-            let src = self.base.as_ptr().add(offset);
-            if dst.len() <= SMALL_COPY {
-                copy_small(src, dst.as_mut_ptr(), dst.len());
-            } else if dst.len() >= gear_core::stream::STREAM_MIN_BYTES {
-                gear_core::stream::copy_streaming(src, dst.as_mut_ptr(), dst.len());
-            } else {
-                std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len());
-            }
-        }
-    }
-}
-
-/// Copies of at most this many bytes are inlined (see [`copy_small`]).
-const SMALL_COPY: usize = 64;
-
-/// Copies `n <= SMALL_COPY` bytes with a few unaligned loads and stores
-/// inline, where a call to `memcpy` would spend more on the call and its
-/// size dispatch than on the copy (small-item rows copy 4 to 64 bytes per
-/// column). Chunks may overlap at the end; each byte gets its source value.
-///
-/// # Safety
-/// `src` must be valid for reads and `dst` for writes of `n` bytes, and the
-/// two ranges must not overlap.
-#[inline(always)]
-unsafe fn copy_small(src: *const u8, dst: *mut u8, n: usize) {
-    debug_assert!(n <= SMALL_COPY);
-    // SAFETY: every `copy(k, bytes)` in this block has `k + bytes <= n`
-    // (the branches pick chunk sizes no larger than `n`), so it reads and
-    // writes inside both ranges (the caller's contract);
-    // `read_unaligned`/`write_unaligned` take any alignment.
-    unsafe {
-        let copy = |k: usize, bytes: usize| match bytes {
-            16 => dst.add(k).cast::<u128>().write_unaligned(src.add(k).cast::<u128>().read_unaligned()),
-            8 => dst.add(k).cast::<u64>().write_unaligned(src.add(k).cast::<u64>().read_unaligned()),
-            4 => dst.add(k).cast::<u32>().write_unaligned(src.add(k).cast::<u32>().read_unaligned()),
-            _ => dst.add(k).write(src.add(k).read()),
-        };
-        if n >= 16 {
-            let mut k = 0;
-            while k + 16 < n {
-                copy(k, 16);
-                k += 16;
-            }
-            copy(n - 16, 16);
-        } else if n >= 8 {
-            copy(0, 8);
-            copy(n - 8, 8);
-        } else if n >= 4 {
-            copy(0, 4);
-            copy(n - 4, 4);
-        } else {
-            for k in 0..n {
-                copy(k, 1);
-            }
-        }
+        unsafe { gear_core::copy::copy_bytes(self.base.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
     }
 }
 
