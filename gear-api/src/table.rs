@@ -982,20 +982,27 @@ impl ReplayTable {
         self.take_slot(&mut l, priority)
     }
 
-    /// [`ReplayTable::begin_slot`] for up to `priorities.len()` trajectories
-    /// under one lock: waits for the rate limiter to admit the first, then
-    /// takes one more slot for each following priority while the limiter
+    /// [`ReplayTable::begin_slot`] for up to `count` trajectories, the
+    /// `i`-th with `priority(i)`, under one lock: waits for the rate
+    /// limiter to admit the first, then takes one more slot while the limiter
     /// admits it without waiting and a slot is free or evictable (a batch
     /// never holds slots while it waits, so it cannot wait on samples of
     /// its own uncommitted rows, nor fill a table with them).
     /// Returns at least one key; on an error, none is left taken.
-    pub(crate) fn begin_slots(&self, priorities: &[f64], timeout: Option<Duration>) -> Result<Vec<SlotKey>> {
-        let Some((&first, rest)) = priorities.split_first() else { return Ok(Vec::new()) };
+    pub(crate) fn begin_slots(
+        &self,
+        count: usize,
+        priority: impl Fn(usize) -> f64,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<SlotKey>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
         let l = self.shared.lock()?;
         let mut l = self.wait_until(l, timeout, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
-        let mut keys = Vec::with_capacity(priorities.len());
-        keys.push(self.take_slot(&mut l, first)?);
-        for &p in rest {
+        let mut keys = Vec::with_capacity(count);
+        keys.push(self.take_slot(&mut l, priority(0))?);
+        for i in 1..count {
             let ctl = l.sh.region.control();
             let room = ctl.free_len.load(Ordering::Relaxed) > 0 || !l.local.remover.is_empty();
             // Without room, the next slot must come from this batch's own
@@ -1003,7 +1010,7 @@ impl ReplayTable {
             if ctl.closed.load(Ordering::Acquire) != 0 || !l.can_insert() || !room {
                 break;
             }
-            match self.take_slot(&mut l, p) {
+            match self.take_slot(&mut l, priority(i)) {
                 Ok(key) => keys.push(key),
                 Err(e) => {
                     for &key in &keys {

@@ -177,18 +177,11 @@ impl Writer {
                 check_priority(p)?;
             }
         }
-        let unset;
-        let begin_priorities = match priorities {
-            Some(p) => p,
-            None => {
-                unset = vec![0.0; count];
-                &unset[..]
-            }
-        };
         let mut keys = Vec::with_capacity(count);
         while keys.len() < count {
             let done = keys.len();
-            let batch = self.table.begin_slots(&begin_priorities[done..], self.timeout)?;
+            let priority = |i: usize| priorities.map_or(0.0, |p| p[done + i]);
+            let batch = self.table.begin_slots(count - done, priority, self.timeout)?;
             if let Err(e) = self.write_batch(&batch, done, steps, columns) {
                 for &key in &batch {
                     self.table.abandon_slot(key);
