@@ -3,23 +3,16 @@
 //! `Sampler::sample_into` (batches straight into caller-owned buffers).
 
 use gear_api::{Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableInfo};
-use gear_core::{ColumnSpec, DType, Pad, Selector, SlotKey, TableSpec, WindowSpec};
+use gear_core::{Pad, Selector, SlotKey, TableSpec, WindowSpec};
 use std::collections::HashMap;
 use std::time::Duration;
 
 const T: u64 = 4;
 
+mod common;
+
 fn spec(capacity: u64) -> TableSpec {
-    TableSpec::new(
-        vec![
-            ColumnSpec::new("obs", DType::U8, vec![6]),
-            ColumnSpec::new("action", DType::I32, vec![]),
-            ColumnSpec::new("reward", DType::F32, vec![2]),
-        ],
-        T,
-        capacity,
-    )
-    .unwrap()
+    common::spec3(T, capacity)
 }
 
 /// Columns of trajectories `ids`, `steps` steps each, whose bytes encode

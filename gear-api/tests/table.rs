@@ -1,23 +1,13 @@
 //! Public-API tests of the replay table: round trips, windows, bad input,
 //! eviction, stale keys, timeouts, shared memory across processes.
 
+use common::spec3;
 use gear_api::{AttachOptions, Error, ReplayTable, SampleConfig, StepValue};
 use gear_core::{ColumnSpec, DType, Pad, SlotKey, TableSpec, WindowSpec};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
-fn spec3(t: u64, capacity: u64) -> TableSpec {
-    TableSpec::new(
-        vec![
-            ColumnSpec::new("obs", DType::U8, vec![6]),
-            ColumnSpec::new("action", DType::I32, vec![]),
-            ColumnSpec::new("reward", DType::F32, vec![2]),
-        ],
-        t,
-        capacity,
-    )
-    .unwrap()
-}
+mod common;
 
 /// Writes a trajectory of `len` steps whose bytes encode (`id`, step).
 fn write_traj(table: &ReplayTable, id: u8, len: u64, priority: Option<f64>) -> SlotKey {
