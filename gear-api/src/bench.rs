@@ -9,6 +9,7 @@ use crate::progress::Progress;
 use crate::{AttachOptions, ReplayTable, SampleConfig, StepValue};
 use gear_core::{ColumnSpec, DType, Pad, TableSpec, WindowSpec};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// The bench workload. The table has three columns: `obs` u8
@@ -54,6 +55,11 @@ pub struct BenchConfig {
     /// end; more use `Writer::insert_batch` (small items).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub insert_batch: u64,
+    /// Threads of the bench process sampling at once, each with its own
+    /// `Sampler` (a trainer's data-loader threads); the batches are split
+    /// between them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub sampler_threads: u64,
 }
 
 impl Default for BenchConfig {
@@ -71,6 +77,7 @@ impl Default for BenchConfig {
             random_offsets: false,
             seed: 1,
             insert_batch: 1,
+            sampler_threads: 1,
         }
     }
 }
@@ -102,6 +109,8 @@ pub struct BenchReport {
     pub evictions: u64,
     /// Writer processes (0: one process did everything, in turn).
     pub writers: usize,
+    /// Threads that sampled at once.
+    pub sampler_threads: u64,
     /// Two threads each copying half of the bytes (the reference for
     /// several writer processes).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -275,14 +284,10 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     let insert_s = t.elapsed().as_secs_f64();
     progress.done();
 
-    let mut sampler = table.sampler(sample_config(c)?)?;
     let before = table.info()?.bytes_gathered;
     progress.phase("sample", c.batches);
     let t = Instant::now();
-    for i in 0..c.batches {
-        std::hint::black_box(sampler.sample()?);
-        progress.tick(i + 1);
-    }
+    sample_on_threads(&table, c, progress)?;
     let sample_s = t.elapsed().as_secs_f64();
     progress.done();
     let info = table.info()?;
@@ -310,9 +315,50 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
         sample_vs_memcpy: sample_gb / memcpy,
         evictions: info.evictions,
         writers: 0,
+        sampler_threads: c.sampler_threads,
         memcpy_2t_gb_per_s: None,
         insert_vs_memcpy_2t: None,
         random_line_reads_per_s: random_lines,
+    })
+}
+
+/// Samples `c.batches` batches on `c.sampler_threads` threads, each with
+/// its own sampler; this thread samples a share too and shows progress.
+fn sample_on_threads(table: &ReplayTable, c: &BenchConfig, progress: &mut Progress) -> Result<()> {
+    let threads = c.sampler_threads.max(1);
+    let done = AtomicU64::new(0);
+    // Every sampler is made before any starts, so a bad config fails here.
+    let mut samplers = (0..threads).map(|_| table.sampler(sample_config(c)?)).collect::<Result<Vec<_>>>()?;
+    let share = |i: u64| c.batches / threads + u64::from(i < c.batches % threads);
+    let run = |sampler: &mut crate::Sampler, batches: u64| -> Result<()> {
+        for _ in 0..batches {
+            std::hint::black_box(sampler.sample()?);
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    };
+    let (mine, others) = samplers.split_first_mut().expect("at least one sampler thread");
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = others
+            .iter_mut()
+            .enumerate()
+            .map(|(i, sampler)| {
+                let batches = share(i as u64 + 1);
+                scope.spawn(move || run(sampler, batches))
+            })
+            .collect();
+        let result = (|| {
+            for _ in 0..share(0) {
+                std::hint::black_box(mine.sample()?);
+                progress.tick(done.fetch_add(1, Ordering::Relaxed) + 1);
+            }
+            Ok(())
+        })();
+        for h in handles {
+            h.join().map_err(|_| Error::Config("a bench sampler thread panicked".into()))??;
+        }
+        progress.tick(done.load(Ordering::Relaxed));
+        result
     })
 }
 
@@ -372,6 +418,9 @@ const START_DELAY_NS: u64 = 500_000_000;
 pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progress) -> Result<BenchReport> {
     if writers == 0 {
         return Err(Error::Config("--writers must be at least 1".into()));
+    }
+    if c.sampler_threads != 1 {
+        return Err(Error::Config("--sampler-threads is for the one-process bench; --writers runs one sampler".into()));
     }
     let spec = spec_for(c)?;
     sample_config(c)?;
@@ -450,6 +499,7 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         sample_vs_memcpy: sample_gb / memcpy,
         evictions: info.evictions,
         writers,
+        sampler_threads: 1,
         memcpy_2t_gb_per_s: Some(memcpy_2t),
         insert_vs_memcpy_2t: Some(insert_gb / memcpy_2t),
         random_line_reads_per_s: random_lines,
@@ -508,7 +558,7 @@ pub fn sampler_process(
     let (mut rows, mut bytes) = (0u64, 0u64);
     let start = Instant::now();
     let mut done = 0;
-    while done < batches || inserts.load(std::sync::atomic::Ordering::Relaxed) < until_inserts {
+    while done < batches || inserts.load(Ordering::Relaxed) < until_inserts {
         done += 1;
         let b = sampler.sample()?;
         rows += b.rows() as u64;

@@ -2,7 +2,7 @@
 //! and reuses them, so steady-state sampling allocates nothing.
 
 use crate::error::{Error, Result};
-use crate::table::ReplayTable;
+use crate::table::{ReplayTable, Selection};
 use gear_core::{
     BatchLayout, Collector, DType, Element, GatherRow, RandomSource, Sampled, SlotKey, TableSpec, WindowSpec,
     Xoshiro256,
@@ -129,7 +129,8 @@ pub(crate) struct Draws {
     redraws: Vec<(Sampled, u64)>,
     rows: Vec<GatherRow>,
     torn: Vec<usize>,
-    retiring: Vec<SlotKey>,
+    /// This sampler's random stream and selection buffers.
+    selection: Selection,
     /// Bytes of every column of one step, summed over requested columns.
     step_bytes: u64,
     /// Where random window starts come from, when rows start at random.
@@ -175,7 +176,7 @@ impl Draws {
             redraws: Vec::new(),
             rows: Vec::with_capacity(n),
             torn: Vec::new(),
-            retiring: Vec::new(),
+            selection: table.selection(),
             random_starts,
         };
         Ok((draws, meta))
@@ -187,14 +188,14 @@ impl Draws {
     /// redrawn, so a returned batch never mixes two trajectories in a row.
     pub(crate) fn sample(&mut self, table: &ReplayTable, copy: &mut dyn RowGather, meta: &mut BatchMeta) -> Result<()> {
         self.draws.clear();
-        self.retiring.clear();
+        self.selection.retiring.clear();
         let result = self.draw_and_copy(table, copy);
-        if result.is_err() && !self.retiring.is_empty() {
+        if result.is_err() && !self.selection.retiring.is_empty() {
             // A copy may still be reading rows about to be freed.
             let _ = copy.settle();
         }
         // Rows retired by max_times_sampled are freed only after the copy.
-        table.retire(&self.retiring);
+        table.retire(&self.selection.retiring);
         result?;
         meta.keys.clear();
         meta.probabilities.clear();
@@ -213,7 +214,7 @@ impl Draws {
 
     fn draw_and_copy(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) -> Result<()> {
         let n = self.layout.rows();
-        table.select(n, self.timeout, true, &mut self.draws, &mut self.retiring)?;
+        table.select(n, self.timeout, true, &mut self.selection, &mut self.draws)?;
         self.rows.clear();
         for r in 0..n {
             let (s, len) = self.draws[r];
@@ -235,7 +236,7 @@ impl Draws {
                 break;
             }
             self.redraws.clear();
-            table.select(self.torn.len(), None, false, &mut self.redraws, &mut self.retiring)?;
+            table.select(self.torn.len(), None, false, &mut self.selection, &mut self.redraws)?;
             for i in 0..self.torn.len().min(self.redraws.len()) {
                 let (r, d) = (self.torn[i], self.redraws[i]);
                 self.draws[r] = d;

@@ -24,12 +24,12 @@ use crate::limiter::{RateLimiter, RateLimiterConfig};
 use crate::sampler::{SampleConfig, Sampler};
 use crate::writer::Writer;
 use gear_core::{
-    check_priority, target, Change, ControlBlock, LogOp, MemoryRegion, RandomSource, Sampled, Selector, SlotKey,
-    SlotState, TableRegion, TableSpec, Xoshiro256,
+    check_priority, target, Change, ControlBlock, LogOp, MemoryRegion, Sampled, Selector, SlotKey, SlotState,
+    TableRegion, TableSpec, Xoshiro256,
 };
 use gear_cpu::sync::{futex_wait, futex_wake_all, LockState, ProcessId, ShmMutex, ShmMutexGuard};
 use gear_sampler::{StrategyKind, StrategyParams};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -50,6 +50,11 @@ pub enum PoolConfig {
         dir: Option<PathBuf>,
     },
 }
+
+/// Draws of rows evicted between their draw and the read of their slot
+/// record, before [`ReplayTable::select`] gives up on a strategy that keeps
+/// returning keys the table does not hold.
+const STALE_DRAW_ATTEMPTS: usize = 8;
 
 /// Longest a waiter sleeps before re-checking the server and dead writers.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -316,14 +321,43 @@ struct Local {
     applied: u64,
     /// The `rebuild_epoch` the mirrors were built for.
     rebuild_epoch: u64,
+    /// The remover's random stream (samplers bring their own).
     rng: Xoshiro256,
     scratch: Vec<Sampled>,
+}
+
+impl Local {
+    /// Whether the mirrors have applied every change in the log.
+    fn in_step_with(&self, ctl: &ControlBlock) -> bool {
+        self.applied == ctl.log_head.load(Ordering::Relaxed)
+            && self.rebuild_epoch == ctl.rebuild_epoch.load(Ordering::Relaxed)
+    }
+}
+
+/// What one sampler brings to [`ReplayTable::select`]: its own random
+/// stream (so samplers on several threads draw independently, and a seeded
+/// table draws the same rows run after run) and its reusable buffers.
+#[derive(Debug)]
+pub(crate) struct Selection {
+    rng: Xoshiro256,
+    drawn: Vec<Sampled>,
+    /// Drawn keys whose rows were evicted before their record was read.
+    stale: Vec<SlotKey>,
+    /// Rows taken out by `max_times_sampled`, to be freed after the copy.
+    pub(crate) retiring: Vec<SlotKey>,
 }
 
 pub(crate) struct Shared {
     pub(crate) region: TableRegion<Box<dyn MemoryRegion>>,
     mutex: ShmMutex,
-    local: Mutex<Local>,
+    /// Written only under `mutex`; read without it by samplers drawing
+    /// through [`Selector::sample_shared`].
+    local: RwLock<Local>,
+    /// Whether the sampler draws through a shared reference.
+    shared_draws: bool,
+    /// Samplers made on this table by this process (each gets its own
+    /// random stream).
+    samplers_made: AtomicU64,
     pub(crate) collector: gear_cpu::CpuCollector,
     me: ProcessId,
     creator: bool,
@@ -358,6 +392,10 @@ impl Shared {
         let capacity = region.spec().capacity();
         sampler.prepare(capacity)?;
         remover.prepare(capacity)?;
+        // A draw of zero rows answers whether the strategy draws through a
+        // shared reference at all (the trait asks it to answer alike for
+        // every call).
+        let shared_draws = sampler.sample_shared(0, &mut Xoshiro256::seed_from_u64(0), &mut Vec::new()).is_some();
         let p = &region.control().policy;
         let seed = p[policy::SEED].load(Ordering::Relaxed);
         let me = ProcessId::current();
@@ -380,7 +418,9 @@ impl Shared {
         let shared = Shared {
             region,
             mutex,
-            local: Mutex::new(local),
+            local: RwLock::new(local),
+            shared_draws,
+            samplers_made: AtomicU64::new(0),
             collector,
             me,
             creator,
@@ -399,34 +439,36 @@ impl Shared {
 
     fn lock(&self) -> Result<Locked<'_>> {
         let (guard, state) = self.mutex.lock()?;
-        let local = self.local.lock();
-        let mut l = Locked { sh: self, _guard: guard, local };
+        let local = self.local.write();
+        let mut l = Locked { sh: self, guard, local };
         if state == LockState::OwnerDied {
             l.repair();
         }
         l.sync();
         Ok(l)
     }
-}
 
-/// The shared mutex and this process's mirrors, held together.
-struct Locked<'a> {
-    sh: &'a Shared,
-    _guard: ShmMutexGuard<'a>,
-    local: MutexGuard<'a, Local>,
-}
+    /// The shared mutex and a read view of mirrors in step with the log.
+    /// Threads of this process holding read views draw at the same time;
+    /// the write lock is taken only when there are changes to apply.
+    fn lock_read(&self) -> Result<(ShmMutexGuard<'_>, RwLockReadGuard<'_, Local>)> {
+        let (guard, state) = self.mutex.lock()?;
+        if state != LockState::OwnerDied {
+            let local = self.local.read();
+            if local.in_step_with(self.region.control()) {
+                return Ok((guard, local));
+            }
+        }
+        let mut l = Locked { sh: self, guard, local: self.local.write() };
+        if state == LockState::OwnerDied {
+            l.repair();
+        }
+        l.sync();
+        Ok(l.downgrade())
+    }
 
-fn add(a: &AtomicU64, v: u64) {
-    a.store(a.load(Ordering::Relaxed) + v, Ordering::Relaxed);
-}
-
-fn sub(a: &AtomicU64, v: u64) {
-    a.store(a.load(Ordering::Relaxed).saturating_sub(v), Ordering::Relaxed);
-}
-
-impl Locked<'_> {
     fn ctl(&self) -> &ControlBlock {
-        self.sh.region.control()
+        self.region.control()
     }
 
     fn limiter(&self) -> RateLimiter {
@@ -443,6 +485,48 @@ impl Locked<'_> {
         rl
     }
 
+    fn can_sample(&self, n: u64) -> bool {
+        self.limiter().can_sample(self.ctl().size.load(Ordering::Relaxed), n)
+    }
+
+    /// Tells waiters something changed (call holding the mutex).
+    fn wake(&self) {
+        if self.ctl().bump_epoch() {
+            futex_wake_all(&self.ctl().epoch);
+        }
+    }
+}
+
+/// The shared mutex and this process's mirrors, held together.
+struct Locked<'a> {
+    sh: &'a Shared,
+    guard: ShmMutexGuard<'a>,
+    local: RwLockWriteGuard<'a, Local>,
+}
+
+fn add(a: &AtomicU64, v: u64) {
+    a.store(a.load(Ordering::Relaxed) + v, Ordering::Relaxed);
+}
+
+fn sub(a: &AtomicU64, v: u64) {
+    a.store(a.load(Ordering::Relaxed).saturating_sub(v), Ordering::Relaxed);
+}
+
+impl<'a> Locked<'a> {
+    /// Keeps the mutex and turns the write lock on the mirrors into a read
+    /// lock, letting this process's other threads draw.
+    fn downgrade(self) -> (ShmMutexGuard<'a>, RwLockReadGuard<'a, Local>) {
+        (self.guard, RwLockWriteGuard::downgrade(self.local))
+    }
+
+    fn ctl(&self) -> &ControlBlock {
+        self.sh.ctl()
+    }
+
+    fn limiter(&self) -> RateLimiter {
+        self.sh.limiter()
+    }
+
     fn can_insert(&self) -> bool {
         let ctl = self.ctl();
         let pending = ctl.pending_inserts.load(Ordering::Relaxed);
@@ -452,14 +536,12 @@ impl Locked<'_> {
     }
 
     fn can_sample(&self, n: u64) -> bool {
-        self.limiter().can_sample(self.ctl().size.load(Ordering::Relaxed), n)
+        self.sh.can_sample(n)
     }
 
     /// Tells waiters something changed.
     fn wake(&self) {
-        if self.ctl().bump_epoch() {
-            futex_wake_all(&self.ctl().epoch);
-        }
+        self.sh.wake()
     }
 
     /// Applies a change to this process's mirrors.
@@ -1196,78 +1278,182 @@ impl ReplayTable {
         }
     }
 
-    /// Waits for the rate limiter, draws `n` rows and reports, for each, its
-    /// key, probability, weight and published length. Rows that reached
-    /// `max_times_sampled` are taken out of the strategies and returned in
-    /// `retiring`; the caller frees them after copying.
-    pub(crate) fn select(
-        &self,
+    /// A sampler's random stream and buffers for [`ReplayTable::select`]:
+    /// each sampler of a seeded table gets its own stream, the same one in
+    /// every run.
+    pub(crate) fn selection(&self) -> Selection {
+        let sh = &*self.shared;
+        let n = sh.samplers_made.fetch_add(1, Ordering::Relaxed);
+        let process = if sh.creator { 0 } else { sh.me.0.rotate_left(17) };
+        Selection {
+            rng: Xoshiro256::seed_from_u64(self.seed() ^ process ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            drawn: Vec::new(),
+            stale: Vec::new(),
+            retiring: Vec::new(),
+        }
+    }
+
+    /// Refuses a batch the rate limiter can never admit.
+    fn check_batch(&self, n: usize) -> Result<()> {
+        let cfg = self.shared.limiter().config;
+        if (n as f64) > cfg.max_diff - cfg.min_diff {
+            return Err(Error::Config(format!(
+                "a batch of {n} can never be sampled: the rate limiter allows at most {} samples ahead",
+                cfg.max_diff - cfg.min_diff
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits (with `l` released meanwhile) until `n` rows may be drawn:
+    /// the rate limiter admits them when `count_against_limiter`, else the
+    /// sampler holds something.
+    fn admit<'a>(
+        &'a self,
+        l: Locked<'a>,
         n: usize,
         timeout: Option<Duration>,
         count_against_limiter: bool,
-        out: &mut Vec<(Sampled, u64)>,
-        retiring: &mut Vec<SlotKey>,
-    ) -> Result<()> {
-        let sh = &*self.shared;
-        let mut l = sh.lock()?;
+    ) -> Result<Locked<'a>> {
         if count_against_limiter {
-            let cfg = l.limiter().config;
-            if (n as f64) > cfg.max_diff - cfg.min_diff {
-                return Err(Error::Config(format!(
-                    "a batch of {n} can never be sampled: the rate limiter allows at most {} samples ahead",
-                    cfg.max_diff - cfg.min_diff
-                )));
-            }
-            l = self.wait_until(
+            self.check_batch(n)?;
+            self.wait_until(
                 l,
                 timeout,
                 "sample (empty table or rate limiter)",
                 |l| l.can_sample(n as u64),
                 |c| &c.sample_wait_ns,
-            )?;
+            )
         } else if l.local.sampler.is_empty() {
-            return Err(Error::Core(gear_core::Error::Empty("table holds no trajectory".into())));
+            Err(Error::Core(gear_core::Error::Empty("table holds no trajectory".into())))
+        } else {
+            Ok(l)
         }
-        let Local { sampler, rng, scratch, .. } = &mut *l.local;
-        scratch.clear();
-        sampler.sample(n, rng as &mut dyn RandomSource, scratch)?;
-        let drawn = std::mem::take(&mut l.local.scratch);
-        // Each row's slot record is a likely cache miss: start them all
-        // before reading the first, so their latencies overlap.
-        let slots = sh.region.slots();
-        for s in &drawn {
-            if let Some(rec) = slots.get(s.key.slot as usize) {
-                gear_core::hint::prefetch(rec);
-            }
+    }
+
+    /// Waits for the rate limiter, draws `n` rows and appends to `out`, for
+    /// each, its key, probability, weight and published length. Rows that
+    /// reached `max_times_sampled` are taken out of the strategies and
+    /// listed in `sel.retiring`; the caller frees them after copying.
+    pub(crate) fn select(
+        &self,
+        n: usize,
+        timeout: Option<Duration>,
+        count_against_limiter: bool,
+        sel: &mut Selection,
+        out: &mut Vec<(Sampled, u64)>,
+    ) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.shared_draws && sh.max_times_sampled.is_none() {
+            return self.select_shared(n, timeout, count_against_limiter, sel, out);
         }
+        let mut l = self.admit(sh.lock()?, n, timeout, count_against_limiter)?;
+        sel.drawn.clear();
+        l.local.sampler.sample(n, &mut sel.rng, &mut sel.drawn)?;
+        prefetch_records(sh, &sel.drawn);
         let ctl = sh.region.control();
-        let mut result = Ok(());
-        for s in &drawn {
+        for s in &sel.drawn {
             let rec = &sh.region.slots()[s.key.slot as usize];
             let Some(len) = rec.read_begin(s.key) else {
-                result = Err(Error::Core(gear_core::Error::Selection(format!(
-                    "strategy `{}` returned key {} that is not stored",
-                    l.local.sampler.name(),
-                    s.key
-                ))));
-                break;
+                return Err(not_stored(l.local.sampler.name(), s.key));
             };
             out.push((*s, len));
             let times = rec.add_sampled();
             if let Some(max) = sh.max_times_sampled {
-                if times >= max && !retiring.contains(&s.key) && rec.retire(s.key, sh.me.0).is_ok() {
+                if times >= max && !sel.retiring.contains(&s.key) && rec.retire(s.key, sh.me.0).is_ok() {
                     l.record(Change { key: s.key, op: LogOp::Remove, target: target::BOTH, priority: 0.0 })?;
                     sub(&ctl.size, 1);
-                    retiring.push(s.key);
+                    sel.retiring.push(s.key);
                 }
             }
         }
-        l.local.scratch = drawn;
-        result?;
         if count_against_limiter {
             add(&ctl.samples, n as u64);
         }
         l.wake();
+        Ok(())
+    }
+
+    /// [`ReplayTable::select`] for strategies that draw through a shared
+    /// reference, without `max_times_sampled`: the mutex is held only to
+    /// admit the batch and count it; the draw runs under a read lock on this
+    /// process's mirrors, so several threads draw at once, and the slot
+    /// records are read under no lock at all. A row evicted between the
+    /// draw and the read of its record is drawn again.
+    fn select_shared(
+        &self,
+        n: usize,
+        timeout: Option<Duration>,
+        count_against_limiter: bool,
+        sel: &mut Selection,
+        out: &mut Vec<(Sampled, u64)>,
+    ) -> Result<()> {
+        let sh = &*self.shared;
+        let (mut want, mut count) = (n, count_against_limiter);
+        for _ in 0..STALE_DRAW_ATTEMPTS {
+            self.draw_shared(want, timeout, count, sel)?;
+            prefetch_records(sh, &sel.drawn);
+            sel.stale.clear();
+            for s in &sel.drawn {
+                let rec = &sh.region.slots()[s.key.slot as usize];
+                match rec.read_begin(s.key) {
+                    Some(len) => {
+                        out.push((*s, len));
+                        rec.add_sampled();
+                    }
+                    None => sel.stale.push(s.key),
+                }
+            }
+            if sel.stale.is_empty() {
+                return Ok(());
+            }
+            // Evicted after the draw, by a writer of any process: draw as
+            // many again, already counted against the limiter.
+            (want, count) = (sel.stale.len(), false);
+        }
+        Err(not_stored(sh.local.read().sampler.name(), sel.stale[0]))
+    }
+
+    /// Admits `n` rows (counting them against the rate limiter when asked)
+    /// and draws them into `sel.drawn` under a read lock on the mirrors.
+    fn draw_shared(&self, n: usize, timeout: Option<Duration>, count: bool, sel: &mut Selection) -> Result<()> {
+        let sh = &*self.shared;
+        let (guard, local) = sh.lock_read()?;
+        let ready = if count {
+            self.check_batch(n)?;
+            sh.ctl().closed.load(Ordering::Acquire) == 0 && sh.can_sample(n as u64)
+        } else {
+            !local.sampler.is_empty()
+        };
+        let (guard, local) = if ready {
+            (guard, local)
+        } else {
+            drop((guard, local));
+            self.admit(sh.lock()?, n, timeout, count)?.downgrade()
+        };
+        if count {
+            // `can_sample` or `admit` said the batch fits.
+            add(&sh.ctl().samples, n as u64);
+        }
+        sh.wake();
+        drop(guard);
+        sel.drawn.clear();
+        let drawn = local.sampler.sample_shared(n, &mut sel.rng, &mut sel.drawn).unwrap_or_else(|| {
+            Err(gear_core::Error::Selection(format!(
+                "strategy `{}` drew 0 rows through a shared reference but refuses to draw {n}",
+                local.sampler.name()
+            )))
+        });
+        drop(local);
+        if let Err(e) = drawn {
+            if count {
+                // Nothing was drawn: give the batch back to the limiter.
+                let l = sh.lock()?;
+                sub(&l.ctl().samples, n as u64);
+                l.wake();
+            }
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -1288,4 +1474,20 @@ impl ReplayTable {
         }
         l.wake();
     }
+}
+
+/// Starts loading every drawn row's slot record, so that the misses
+/// overlap instead of following one another.
+fn prefetch_records(sh: &Shared, drawn: &[Sampled]) {
+    let slots = sh.region.slots();
+    for s in drawn {
+        if let Some(rec) = slots.get(s.key.slot as usize) {
+            gear_core::hint::prefetch(rec);
+        }
+    }
+}
+
+/// A strategy returned a key the table does not hold.
+fn not_stored(strategy: &str, key: SlotKey) -> Error {
+    Error::Core(gear_core::Error::Selection(format!("strategy `{strategy}` returned key {key} that is not stored")))
 }

@@ -35,7 +35,10 @@ pub struct Sampled {
 ///   then start again from the first;
 /// * priorities are finite and non-negative (the table validates them
 ///   before calling; strategies may check again).
-pub trait Selector: Send {
+///
+/// A strategy is `Sync` because a table lets several threads of one
+/// process draw from it at once through [`Selector::sample_shared`].
+pub trait Selector: Send + Sync {
     /// A short name for logs and benchmark output.
     fn name(&self) -> &str;
 
@@ -68,6 +71,17 @@ pub trait Selector: Send {
 
     /// Appends `n` draws to `out`.
     fn sample(&mut self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Result<()>;
+
+    /// Draws as [`Selector::sample`] does, through a shared reference, so
+    /// several threads can draw at once. Strategies whose draws change no
+    /// state of their own (random ones: uniform, prioritized) return
+    /// `Some` with what `sample` would have done; the default, `None`,
+    /// tells the table to call `sample` under its exclusive lock instead
+    /// (deterministic strategies advance a cursor as they pick).
+    fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
+        let _ = (n, rng, out);
+        None
+    }
 }
 
 impl<S: Selector + ?Sized> Selector for Box<S> {
@@ -91,6 +105,9 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     }
     fn sample(&mut self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Result<()> {
         (**self).sample(n, rng, out)
+    }
+    fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
+        (**self).sample_shared(n, rng, out)
     }
 }
 

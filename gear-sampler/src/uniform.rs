@@ -67,6 +67,17 @@ impl Selector for Uniform {
     }
 
     fn sample(&mut self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Result<()> {
+        self.draw(n, rng, out)
+    }
+
+    fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
+        Some(self.draw(n, rng, out))
+    }
+}
+
+impl Uniform {
+    /// [`Selector::sample`], which changes nothing here.
+    fn draw(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Result<()> {
         let len = self.members.len();
         if len == 0 {
             return Err(Error::Empty(format!("{NAME}: no items held")));
