@@ -8,7 +8,10 @@
 //! process-shared mutex guards the control block; it is held for metadata
 //! only, never while trajectory bytes are copied. Selection strategies are
 //! process-local mirrors kept in step through the change log, so any
-//! process can select, insert and update priorities.
+//! process can select, insert and update priorities. A mirror sits behind a
+//! reader-writer lock: random strategies are drawn from under the read lock
+//! once the mutex has admitted and counted the batch, so sampler threads of
+//! one process draw at the same time.
 //!
 //! Failure handling: a writer that dies mid-trajectory is detected by its
 //! owner identity (pid plus start time) and its slot reclaimed: the steps it

@@ -77,7 +77,9 @@ pub trait Selector: Send + Sync {
     /// state of their own (random ones: uniform, prioritized) return
     /// `Some` with what `sample` would have done; the default, `None`,
     /// tells the table to call `sample` under its exclusive lock instead
-    /// (deterministic strategies advance a cursor as they pick).
+    /// (deterministic strategies advance a cursor as they pick). A strategy
+    /// answers alike for every call: the table asks once, with `n = 0`,
+    /// when it opens.
     fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
         let _ = (n, rng, out);
         None

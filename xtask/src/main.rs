@@ -90,6 +90,12 @@ fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
         // 16384 inserts (8.6 GB) keep the timed span near a second.
         ("2 writer processes + 1 sampler", vec!["--writers", "2", "--inserts", "16384"]),
     ];
+    // The small items again, sampled by two threads of the process at once.
+    let small = w.iter().find(|(name, _)| name.starts_with("small items")).expect("the small-items workload").1.clone();
+    w.insert(
+        5,
+        ("small items (64 B), prioritized, 2 sampler threads", [small, vec!["--sampler-threads", "2"]].concat()),
+    );
     for (_, a) in &mut w {
         // A quick run's counts replace the workload's own (gear bench
         // refuses a flag given twice).
