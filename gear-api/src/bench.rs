@@ -330,10 +330,11 @@ fn sample_on_threads(table: &ReplayTable, c: &BenchConfig, progress: &mut Progre
     // Every sampler is made before any starts, so a bad config fails here.
     let mut samplers = (0..threads).map(|_| table.sampler(sample_config(c)?)).collect::<Result<Vec<_>>>()?;
     let share = |i: u64| c.batches / threads + u64::from(i < c.batches % threads);
-    let run = |sampler: &mut crate::Sampler, batches: u64| -> Result<()> {
+    // Samples `batches` batches, calling `tick` with the count done by all.
+    let run = |sampler: &mut crate::Sampler, batches: u64, tick: &mut dyn FnMut(u64)| -> Result<()> {
         for _ in 0..batches {
             std::hint::black_box(sampler.sample()?);
-            done.fetch_add(1, Ordering::Relaxed);
+            tick(done.fetch_add(1, Ordering::Relaxed) + 1);
         }
         Ok(())
     };
@@ -344,16 +345,10 @@ fn sample_on_threads(table: &ReplayTable, c: &BenchConfig, progress: &mut Progre
             .enumerate()
             .map(|(i, sampler)| {
                 let batches = share(i as u64 + 1);
-                scope.spawn(move || run(sampler, batches))
+                scope.spawn(move || run(sampler, batches, &mut |_| {}))
             })
             .collect();
-        let result = (|| {
-            for _ in 0..share(0) {
-                std::hint::black_box(mine.sample()?);
-                progress.tick(done.fetch_add(1, Ordering::Relaxed) + 1);
-            }
-            Ok(())
-        })();
+        let result = run(mine, share(0), &mut |n| progress.tick(n));
         for h in handles {
             h.join().map_err(|_| Error::Config("a bench sampler thread panicked".into()))??;
         }

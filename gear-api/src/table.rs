@@ -442,13 +442,18 @@ impl Shared {
 
     fn lock(&self) -> Result<Locked<'_>> {
         let (guard, state) = self.mutex.lock()?;
-        let local = self.local.write();
-        let mut l = Locked { sh: self, guard, local };
+        Ok(self.write_in_step(guard, state))
+    }
+
+    /// With the mutex held: the write lock on the mirrors, after repairing
+    /// what a dead lock holder left and applying the log.
+    fn write_in_step<'a>(&'a self, guard: ShmMutexGuard<'a>, state: LockState) -> Locked<'a> {
+        let mut l = Locked { sh: self, guard, local: self.local.write() };
         if state == LockState::OwnerDied {
             l.repair();
         }
         l.sync();
-        Ok(l)
+        l
     }
 
     /// The shared mutex and a read view of mirrors in step with the log.
@@ -462,12 +467,7 @@ impl Shared {
                 return Ok((guard, local));
             }
         }
-        let mut l = Locked { sh: self, guard, local: self.local.write() };
-        if state == LockState::OwnerDied {
-            l.repair();
-        }
-        l.sync();
-        Ok(l.downgrade())
+        Ok(self.write_in_step(guard, state).downgrade())
     }
 
     fn ctl(&self) -> &ControlBlock {
