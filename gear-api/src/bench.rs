@@ -244,8 +244,11 @@ fn memcpy_reference(chunk: usize, dst_len: usize, total: u64, threads: usize) ->
 /// the sampler does; returns reads per second.
 fn random_line_reference(bytes: u64, reads: u64) -> f64 {
     let lines = (bytes.min(RANDOM_REFERENCE_MAX_BYTES) / 64).max(1);
-    // Filled, so every page is faulted in, as the table's pool is.
-    let buf = vec![1u8; (lines * 64) as usize];
+    // Backed by huge pages where the table's pool is, and filled, so every
+    // page is faulted in, as the pool's are.
+    let mut buf: Vec<u8> = Vec::with_capacity((lines * 64) as usize);
+    gear_core::hint::advise_huge_pages(buf.as_ptr(), buf.capacity());
+    buf.resize((lines * 64) as usize, 1);
     let mut rng = gear_core::Xoshiro256::seed_from_u64(7);
     let at: Vec<usize> = (0..reads).map(|_| (gear_core::RandomSource::below(&mut rng, lines) * 64) as usize).collect();
     let t = Instant::now();

@@ -14,8 +14,9 @@
 //!   [`Transport`].
 //!
 //! Architecture invariant: gear-core depends on no workspace crate and on no
-//! foreign library beyond `thiserror`; it knows nothing of CUDA, RDMA, files
-//! or threads.
+//! foreign library beyond `thiserror`, and `libc` on Linux for the one
+//! memory hint of [`hint::advise_huge_pages`]; it knows nothing of CUDA,
+//! RDMA, files or threads.
 
 #![warn(missing_docs)]
 

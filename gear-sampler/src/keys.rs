@@ -20,10 +20,14 @@ const MAX_CAPACITY: u64 = 1 << 32;
 /// A vector of `n` copies of `value`, or an error instead of an abort when
 /// the memory cannot be had.
 pub(crate) fn filled<T: Clone>(n: usize, value: T, who: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
+    let mut v: Vec<T> = Vec::new();
     v.try_reserve_exact(n).map_err(|e| {
         Error::Selection(format!("{who}: cannot allocate {n} entries of {} bytes: {e}", std::mem::size_of::<T>()))
     })?;
+    // Per-slot arrays are read at random by every draw: huge pages spare
+    // those reads most of their TLB misses (advised before the first write
+    // faults the pages in).
+    gear_core::hint::advise_huge_pages(v.as_ptr().cast(), n.saturating_mul(std::mem::size_of::<T>()));
     v.resize(n, value);
     Ok(v)
 }
@@ -160,6 +164,8 @@ impl<T: Copy + Default> DenseKeys<T> {
         self.items
             .try_reserve_exact(capacity)
             .map_err(|e| Error::Selection(format!("{who}: cannot allocate {capacity} keys: {e}")))?;
+        // Read at random by uniform draws, like the per-slot arrays.
+        gear_core::hint::advise_huge_pages(self.items.as_ptr().cast(), capacity * std::mem::size_of::<SlotKey>());
         Ok(())
     }
 
