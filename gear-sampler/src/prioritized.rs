@@ -450,12 +450,10 @@ impl Prioritized {
                 let r = rng.next_f64();
                 *u = if self.stratified { ((start + j) as f64 + r) * segment } else { r * total };
             }
-            self.tree.find_many(&us[..k], &mut leaves[..k]);
-            // Each drawn slot's key is a likely miss: start them all, then
-            // compute the weights (a `pow` each) while they arrive.
-            for &leaf in &leaves[..k] {
-                self.members.prefetch(leaf);
-            }
+            // Each drawn slot's key is a likely miss: start loading it as
+            // soon as its leaf is found, then compute the weights (a `pow`
+            // each) while the keys arrive.
+            self.tree.find_many(&us[..k], &mut leaves[..k], |leaf| self.members.prefetch(leaf));
             for (&leaf, (p, w)) in leaves[..k].iter().zip(probabilities.iter_mut().zip(weights.iter_mut())) {
                 let mass = self.tree.get(leaf);
                 debug_assert!(mass > 0.0, "descent landed on zero-mass leaf {leaf}");

@@ -285,42 +285,55 @@ impl SumTree {
     #[cfg(test)]
     pub(crate) fn find(&self, u: f64) -> usize {
         let mut one = [0usize];
-        self.find_many(&[u], &mut one);
+        self.find_many(&[u], &mut one, |_| {});
         one[0]
     }
 
-    /// [`SumTree::find`] for each of `us`, written to `out` (same length).
+    /// [`SumTree::find`] for each of `us`, written to `out` (same length),
+    /// calling `found(leaf)` as soon as each leaf is known (for example to
+    /// start loading what the caller will read about it).
     ///
-    /// Descents run in groups of [`DESCENTS`], level by level: each level
-    /// first prefetches the node every descent of the group needs (their
-    /// cache misses overlap) and then picks the lanes. Below the few top
-    /// levels every node is a likely miss, so this turns `DESCENTS` serial miss
-    /// latencies per level into about one.
-    pub(crate) fn find_many(&self, us: &[f64], out: &mut [usize]) {
+    /// Descents run in groups of [`DESCENTS`], level by level. Below the
+    /// few top levels every node is a likely cache miss, so as soon as a
+    /// descent has picked its lane on one level it starts loading its node
+    /// on the next: that miss then overlaps the picks of every other
+    /// descent of the group, and `DESCENTS` serial miss latencies per level
+    /// become about one, hidden behind useful work.
+    pub(crate) fn find_many(&self, us: &[f64], out: &mut [usize], mut found: impl FnMut(usize)) {
         debug_assert_eq!(us.len(), out.len());
         for (us, out) in us.chunks(DESCENTS).zip(out.chunks_mut(DESCENTS)) {
             let k = us.len();
             let mut u = [0.0f64; DESCENTS];
             let mut e = [0usize; DESCENTS];
             u[..k].copy_from_slice(us);
-            for level in self.levels.iter().rev() {
-                for &e in &e[..k] {
-                    gear_core::hint::prefetch(&level[e].prefix);
-                }
+            // From the root down: pick on `level`, then start loading the
+            // picked child, a node of the level below or a leaf block.
+            for (i, level) in self.levels.iter().enumerate().rev() {
                 for j in 0..k {
                     let (lane, rest) = level[e[j]].pick(u[j]);
                     e[j] = e[j] * FAN + lane;
                     u[j] = rest;
+                    match i.checked_sub(1) {
+                        Some(below) => prefetch_at(&self.levels[below], e[j]),
+                        None => prefetch_at(&self.leaves, e[j]),
+                    }
                 }
-            }
-            for &e in &e[..k] {
-                gear_core::hint::prefetch(&self.leaves[e]);
             }
             for j in 0..k {
                 let (lane, _) = pick(&self.leaves[e[j]].0, u[j]);
                 out[j] = e[j] * FAN + lane;
+                found(out[j]);
             }
         }
+    }
+}
+
+/// Starts loading `v[i]`'s first cache line (a hint; nothing when `i` is
+/// out of range).
+#[inline(always)]
+fn prefetch_at<T>(v: &[T], i: usize) {
+    if let Some(x) = v.get(i) {
+        gear_core::hint::prefetch(x);
     }
 }
 
@@ -421,7 +434,7 @@ mod tests {
                 us.push(total);               // past the end: rounding fallback
                 us.push(total * (1.0 - f64::EPSILON));
                 let mut found = vec![0; us.len()];
-                t.find_many(&us, &mut found);
+                t.find_many(&us, &mut found, |_| {});
                 for (&u, &i) in us.iter().zip(&found) {
                     prop_assert!(model[i] > 0.0, "u {} found zero-mass leaf {}", u, i);
                     prop_assert_eq!(t.find(u), i);
