@@ -118,9 +118,10 @@ pub struct BenchReport {
     /// `insert_gb_per_s / memcpy_2t_gb_per_s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insert_vs_memcpy_2t: Option<f64>,
-    /// Independent reads of random 64-byte lines per second, one thread,
-    /// over a buffer the size of the table (at most 256 MiB): the most
-    /// cache misses one core overlaps, which bounds any sampling that
+    /// Independent reads of random 64-byte lines per second over a buffer
+    /// the size of the table (at most 256 MiB), on as many threads as
+    /// sampled (`sampler_threads`; one with writer processes): the most
+    /// cache misses those cores overlap, which bounds any sampling that
     /// touches a few random lines per row (small items).
     pub random_line_reads_per_s: f64,
 }
@@ -240,29 +241,41 @@ fn memcpy_reference(chunk: usize, dst_len: usize, total: u64, threads: usize) ->
 }
 
 /// Reads `reads` random 64-byte lines of a `bytes`-sized buffer (at most
-/// [`RANDOM_REFERENCE_MAX_BYTES`]), in batches of 256 prefetched first as
-/// the sampler does; returns reads per second.
-fn random_line_reference(bytes: u64, reads: u64) -> f64 {
+/// [`RANDOM_REFERENCE_MAX_BYTES`]) on each of `threads` threads, in batches
+/// of 256 prefetched first as the sampler does; returns reads per second,
+/// over all threads.
+fn random_line_reference(bytes: u64, reads: u64, threads: usize) -> f64 {
     let lines = (bytes.min(RANDOM_REFERENCE_MAX_BYTES) / 64).max(1);
     // Backed by huge pages where the table's pool is, and filled, so every
     // page is faulted in, as the pool's are.
     let mut buf: Vec<u8> = Vec::with_capacity((lines * 64) as usize);
     gear_core::hint::advise_huge_pages(buf.as_ptr(), buf.capacity());
     buf.resize((lines * 64) as usize, 1);
-    let mut rng = gear_core::Xoshiro256::seed_from_u64(7);
-    let at: Vec<usize> = (0..reads).map(|_| (gear_core::RandomSource::below(&mut rng, lines) * 64) as usize).collect();
+    let buf = &buf;
+    let addresses = |seed: u64| -> Vec<usize> {
+        let mut rng = gear_core::Xoshiro256::seed_from_u64(seed);
+        (0..reads).map(|_| (gear_core::RandomSource::below(&mut rng, lines) * 64) as usize).collect()
+    };
+    let read = |at: Vec<usize>| {
+        let mut sum = 0u64;
+        for batch in at.chunks(256) {
+            for &i in batch {
+                gear_core::hint::prefetch(&buf[i]);
+            }
+            for &i in batch {
+                sum = sum.wrapping_add(u64::from(buf[i]));
+            }
+        }
+        std::hint::black_box(sum);
+    };
+    let work: Vec<Vec<usize>> = (0..threads.max(1) as u64).map(|i| addresses(7 + i)).collect();
     let t = Instant::now();
-    let mut sum = 0u64;
-    for batch in at.chunks(256) {
-        for &i in batch {
-            gear_core::hint::prefetch(&buf[i]);
+    std::thread::scope(|scope| {
+        for at in work {
+            scope.spawn(move || read(at));
         }
-        for &i in batch {
-            sum = sum.wrapping_add(u64::from(buf[i]));
-        }
-    }
-    std::hint::black_box(sum);
-    reads as f64 / t.elapsed().as_secs_f64()
+    });
+    (reads * threads.max(1) as u64) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// Largest buffer [`random_line_reference`] reads: far past every cache.
@@ -300,7 +313,11 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     let data_bytes = table.shared.region.layout().total_bytes() as usize;
     let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, c.inserts * traj_bytes, 1);
     progress.tick(1);
-    let random_lines = random_line_reference(table.shared.region.region_layout().total_bytes, RANDOM_REFERENCE_READS);
+    let random_lines = random_line_reference(
+        table.shared.region.region_layout().total_bytes,
+        RANDOM_REFERENCE_READS,
+        c.sampler_threads.max(1) as usize,
+    );
     progress.done();
 
     let insert_gb = (c.inserts * traj_bytes) as f64 / insert_s / 1e9;
@@ -474,7 +491,8 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
     progress.tick(1);
     let memcpy_2t = memcpy_reference(traj_bytes as usize, data_bytes, total, 2);
     progress.tick(2);
-    let random_lines = random_line_reference(table.shared.region.region_layout().total_bytes, RANDOM_REFERENCE_READS);
+    let random_lines =
+        random_line_reference(table.shared.region.region_layout().total_bytes, RANDOM_REFERENCE_READS, 1);
     progress.done();
 
     // Aggregate over the span from the first writer's start to the last

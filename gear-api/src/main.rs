@@ -217,8 +217,9 @@ fn main() -> ExitCode {
                     println!("  memcpy, 2 threads : {m2:>14.2} GB/s (insert {x:.2} x)");
                 }
                 println!(
-                    "  random 64 B line reads : {:>6.1} M/s, one thread (sampled rows/s per line: {:.3})",
+                    "  random 64 B line reads : {:>6.1} M/s, {} thread(s) (sampled rows/s per line: {:.3})",
                     r.random_line_reads_per_s / 1e6,
+                    if r.writers > 0 { 1 } else { r.sampler_threads.max(1) },
                     r.sample_traj_per_s / r.random_line_reads_per_s
                 );
             })
