@@ -245,6 +245,7 @@ fn memcpy_reference(chunk: usize, dst_len: usize, total: u64, threads: usize) ->
 /// of 256 prefetched first as the sampler does; returns reads per second,
 /// over all threads.
 fn random_line_reference(bytes: u64, reads: u64, threads: usize) -> f64 {
+    let threads = threads.max(1);
     let lines = (bytes.min(RANDOM_REFERENCE_MAX_BYTES) / 64).max(1);
     // Backed by huge pages where the table's pool is, and filled, so every
     // page is faulted in, as the pool's are.
@@ -268,14 +269,14 @@ fn random_line_reference(bytes: u64, reads: u64, threads: usize) -> f64 {
         }
         std::hint::black_box(sum);
     };
-    let work: Vec<Vec<usize>> = (0..threads.max(1) as u64).map(|i| addresses(7 + i)).collect();
+    let work: Vec<Vec<usize>> = (0..threads as u64).map(|i| addresses(7 + i)).collect();
     let t = Instant::now();
     std::thread::scope(|scope| {
         for at in work {
             scope.spawn(move || read(at));
         }
     });
-    (reads * threads.max(1) as u64) as f64 / t.elapsed().as_secs_f64()
+    (reads * threads as u64) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// Largest buffer [`random_line_reference`] reads: far past every cache.
@@ -316,7 +317,7 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     let random_lines = random_line_reference(
         table.shared.region.region_layout().total_bytes,
         RANDOM_REFERENCE_READS,
-        c.sampler_threads.max(1) as usize,
+        c.sampler_threads as usize,
     );
     progress.done();
 

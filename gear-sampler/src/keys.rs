@@ -165,7 +165,8 @@ impl<T: Copy + Default> DenseKeys<T> {
             .try_reserve_exact(capacity)
             .map_err(|e| Error::Selection(format!("{who}: cannot allocate {capacity} keys: {e}")))?;
         // Read at random by uniform draws, like the per-slot arrays.
-        gear_core::hint::advise_huge_pages(self.items.as_ptr().cast(), capacity * std::mem::size_of::<SlotKey>());
+        let bytes = capacity.saturating_mul(std::mem::size_of::<SlotKey>());
+        gear_core::hint::advise_huge_pages(self.items.as_ptr().cast(), bytes);
         Ok(())
     }
 
