@@ -241,34 +241,46 @@ fn gather_rows(
 ) {
     let window = layout.window();
     let l = window.len as usize;
+    let stride = table.slot_stride();
+    // Per requested column: where it starts inside a slot, bytes per step.
+    let columns: Vec<(u64, usize)> =
+        layout.columns().iter().zip(layout.step_bytes()).map(|(&c, &s)| (table.offset(0, c, 0), s as usize)).collect();
     // Rows sit at random places in the table: start loading the first line
     // of every window before copying any, so the misses overlap. (Longer
     // windows continue sequentially, where the hardware prefetcher helps.)
+    // Small rows keep several columns on one line: ask for it once.
     for row in rows {
         let w = window.resolve(row.len);
         if w.steps > 0 {
-            for &c in layout.columns() {
-                src.prefetch(table.offset(u64::from(row.slot), c, w.src_step) as usize);
+            let mut last_line = u64::MAX;
+            for &(base, s) in &columns {
+                let at = u64::from(row.slot) * stride + base + w.src_step * s as u64;
+                if at / 64 != last_line {
+                    src.prefetch(at as usize);
+                    last_line = at / 64;
+                }
             }
         }
     }
     for (r, (row, len)) in rows.iter().zip(lengths.iter_mut()).enumerate() {
         let w = window.resolve(row.len);
         *len = w.steps;
-        for ((&c, &s), buf) in layout.columns().iter().zip(layout.step_bytes()).zip(out.iter_mut()) {
-            let s = s as usize;
+        let first = u64::from(row.slot) * stride;
+        for (&(base, s), buf) in columns.iter().zip(out.iter_mut()) {
             let dst = &mut buf[r * l * s..(r + 1) * l * s];
+            // Validated: slot < capacity and src_step + steps <= len <= T.
+            let at = (first + base + w.src_step * s as u64) as usize;
+            if w.steps as usize == l {
+                // A full row, the common case: one copy, no padding.
+                src.copy_to(at, dst);
+                continue;
+            }
             let (head, rest) = dst.split_at_mut(w.dst_step as usize * s);
             let (data, tail) = rest.split_at_mut(w.steps as usize * s);
-            if !head.is_empty() {
-                head.fill(0);
-            }
-            if !tail.is_empty() {
-                tail.fill(0);
-            }
+            head.fill(0);
+            tail.fill(0);
             if !data.is_empty() {
-                // Validated: slot < capacity and src_step + steps <= len <= T.
-                src.copy_to(table.offset(u64::from(row.slot), c, w.src_step) as usize, data);
+                src.copy_to(at, data);
             }
         }
     }
