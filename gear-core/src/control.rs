@@ -7,10 +7,19 @@
 //!
 //! Everything here is atomics (any bit pattern is a valid value, so a region
 //! written by another process can never make a read undefined). The fields
-//! marked *guarded* are changed only while holding the mutex whose bytes are
-//! [`ControlBlock::mutex`] (a robust process-shared mutex, see
-//! `gear_cpu::sync`); relaxed orderings suffice for them because the mutex
-//! orders every access. The rest are read and updated without the lock.
+//! marked *guarded* are changed only while holding the table lock whose word
+//! is [`ControlBlock::lock`] (a robust futex lock that names its holder's
+//! process lease, see `gear_cpu::sync`); relaxed orderings suffice for them
+//! because the lock orders every access. The rest are read and updated
+//! without the lock.
+//!
+//! **Process leases.** Every process that opens a shared table holds one of
+//! [`MAX_LEASES`] leases: an open-file-description lock on one byte of the
+//! table's file (which the kernel drops when the process dies, whatever PID
+//! namespace it runs in) plus a generation in [`ControlBlock::leases`],
+//! bumped each time the lease changes hands. A lease token (index and
+//! generation, never 0) names slot owners, the lock holder and the server,
+//! so a dead process is told from a live one without comparing process ids.
 //!
 //! The change log makes selection strategies, which are process-local data
 //! structures, agree across processes: every insert, priority update and
@@ -22,7 +31,6 @@
 
 use crate::slot::SlotKey;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
-use std::cell::UnsafeCell;
 
 /// Fewest entries in the change log ring.
 pub const MIN_LOG_ENTRIES: u64 = 1 << 14;
@@ -35,8 +43,9 @@ pub fn log_entries(capacity: u64) -> u64 {
     capacity.checked_next_power_of_two().unwrap_or(1 << 63).max(MIN_LOG_ENTRIES)
 }
 
-/// Bytes reserved for the process-shared mutex.
-pub const MUTEX_BYTES: usize = 64;
+/// Process leases a shared table hands out: at most this many processes
+/// have it open at once.
+pub const MAX_LEASES: usize = 1024;
 
 /// Policy words gear-api stores for attachers (rate limiter, strategies).
 pub const POLICY_WORDS: usize = 16;
@@ -44,15 +53,17 @@ pub const POLICY_WORDS: usize = 16;
 /// The shared control block.
 #[repr(C, align(64))]
 pub struct ControlBlock {
-    /// Bytes of the process-shared mutex (initialised by the creator).
-    pub mutex: UnsafeCell<[u64; MUTEX_BYTES / 8]>,
+    /// The table lock: 0 when free, else the lease token of the holder.
+    pub lock: AtomicU32,
+    /// Threads blocked on `lock` (unlockers skip the wake at 0).
+    pub lock_waiters: AtomicU32,
     /// Bumped on every change a waiter may be waiting for (futex word).
     pub epoch: AtomicU32,
     /// Processes blocked on `epoch` (wakers skip the system call at 0).
     pub waiters: AtomicU32,
     /// Non-zero once the table is closed.
     pub closed: AtomicU64,
-    /// Identity of the creating (server) process.
+    /// Lease token of the creating (server) process.
     pub server: AtomicU64,
     /// *Guarded.* Items selectable by samplers.
     pub size: AtomicU64,
@@ -87,18 +98,15 @@ pub struct ControlBlock {
     pub bytes_gathered: AtomicU64,
     /// Written once by the creator: configuration attachers read.
     pub policy: [AtomicU64; POLICY_WORDS],
+    /// Generation of each process lease (bumped by the process taking it,
+    /// while it holds the lease's file lock).
+    pub leases: [AtomicU32; MAX_LEASES],
+    /// Process id of each lease's holder, as its own PID namespace sees it
+    /// (for messages only; liveness never compares process ids).
+    pub lease_pids: [AtomicU32; MAX_LEASES],
 }
 
-// SAFETY: the only non-atomic field is the mutex's bytes, which are touched
-// only through the mutex's own (thread- and process-safe) functions.
-unsafe impl Sync for ControlBlock {}
-
 impl ControlBlock {
-    /// Address of the mutex bytes.
-    pub fn mutex_ptr(&self) -> *mut u8 {
-        self.mutex.get().cast()
-    }
-
     /// Wakes waiters after a change: bumps `epoch`; returns whether anyone
     /// waits (the caller then issues the futex wake).
     pub fn bump_epoch(&self) -> bool {

@@ -94,17 +94,55 @@ impl std::fmt::Display for DType {
 
 /// A Rust element type that maps to exactly one [`DType`]; lets typed step
 /// data carry its dtype so a mismatch against the spec is caught.
-pub trait Element: Copy + Send + Sync + 'static {
+///
+/// The trait is sealed: it is implemented for `bool`, `u8`, `i8`, `i16`,
+/// `i32`, `i64`, `f32` and `f64` and cannot be implemented outside this
+/// crate, because [`as_bytes`] and the typed views of batches rely on every
+/// implementor being a primitive with no padding bytes whose every bit
+/// pattern is valid (`bool` excepted: views of `bool` columns check that
+/// each byte is 0 or 1 first). A padded struct would make those views read
+/// uninitialised bytes from safe code.
+///
+/// ```compile_fail
+/// #[derive(Clone, Copy)]
+/// struct Padded(u8, u32);
+/// impl gear_core::Element for Padded {
+///     const DTYPE: gear_core::DType = gear_core::DType::I64;
+/// }
+/// ```
+pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The column dtype this Rust type stores as.
     const DTYPE: DType;
 }
 
+mod sealed {
+    /// Keeps [`super::Element`] to the primitives listed in its doc.
+    pub trait Sealed {}
+}
+
 macro_rules! element {
     ($($t:ty => $d:ident),* $(,)?) => {
-        $(impl Element for $t { const DTYPE: DType = DType::$d; })*
+        $(impl sealed::Sealed for $t {} impl Element for $t { const DTYPE: DType = DType::$d; })*
     };
 }
 element!(bool => Bool, u8 => U8, i8 => I8, i16 => I16, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
+
+/// Views bytes as elements of `T` when the address is aligned to `T` and
+/// the length a multiple of its size; `None` otherwise, and for `bool` when
+/// any byte is neither 0 nor 1.
+pub fn from_bytes<T: Element>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 || bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 {
+        return None;
+    }
+    if T::DTYPE == DType::Bool && bytes.iter().any(|&b| b > 1) {
+        return None;
+    }
+    // SAFETY: alignment and length were checked above; `T: Element` is one
+    // of the sealed primitives, for which every bit pattern is a valid value
+    // except for `bool`, whose bytes were just checked to be 0 or 1.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}
 
 /// Views a slice of plain elements as bytes.
 pub fn as_bytes<T: Element>(values: &[T]) -> &[u8] {
@@ -125,6 +163,17 @@ mod tests {
         }
         assert!(DType::from_code(10).is_err());
         assert!(matches!(DType::from_name("f8"), Err(Error::UnknownDType(n)) if n == "f8"));
+    }
+
+    #[test]
+    fn typed_views_check_alignment_length_and_bools() {
+        let words = [0i64; 4];
+        let bytes = as_bytes(&words);
+        assert_eq!(from_bytes::<f32>(bytes).unwrap().len(), 8);
+        assert!(from_bytes::<f32>(&bytes[1..5]).is_none(), "misaligned");
+        assert!(from_bytes::<f64>(&bytes[..12]).is_none(), "not a multiple of 8 bytes");
+        assert_eq!(from_bytes::<bool>(&[0, 1, 1]).unwrap(), &[false, true, true]);
+        assert!(from_bytes::<bool>(&[0, 2]).is_none(), "2 is not a bool");
     }
 
     #[test]

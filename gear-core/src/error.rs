@@ -103,6 +103,19 @@ pub enum Error {
     /// A priority that is negative, NaN or infinite.
     #[error("invalid priority {0}: priorities must be finite and non-negative")]
     InvalidPriority(f64),
+    /// A finite priority too large for the strategy: `p^alpha` would
+    /// overflow its sums.
+    #[error(
+        "priority {priority:e} is too large: with alpha {alpha}, priorities above {limit:e} overflow the sum tree"
+    )]
+    PriorityTooLarge {
+        /// The priority given.
+        priority: f64,
+        /// The strategy's exponent.
+        alpha: f64,
+        /// The largest priority the strategy accepts.
+        limit: f64,
+    },
     /// A key given to a strategy twice, or unknown to it.
     #[error("selection: {0}")]
     Selection(String),

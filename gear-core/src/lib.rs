@@ -38,8 +38,8 @@ pub mod transport;
 pub mod window;
 
 pub use collect::{BatchLayout, Collector, GatherRow};
-pub use control::{log_entries, target, Change, ControlBlock, LogEntry, LogOp, MIN_LOG_ENTRIES};
-pub use dtype::{as_bytes, DType, Element};
+pub use control::{log_entries, target, Change, ControlBlock, LogEntry, LogOp, MAX_LEASES, MIN_LOG_ENTRIES};
+pub use dtype::{as_bytes, from_bytes, DType, Element};
 pub use error::{Error, Result};
 pub use layout::Layout;
 pub use memory::{MemoryKind, MemoryRegion};

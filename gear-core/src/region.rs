@@ -23,7 +23,7 @@ use std::ptr::NonNull;
 /// First eight bytes of every table region.
 pub const MAGIC: [u8; 8] = *b"GEARTBL\0";
 /// Region format version; bumped on any layout change.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Bytes of the fixed header before the encoded spec.
 pub const FIXED_HEADER_BYTES: u64 = 64;
 /// Alignment of the data area (a page, so windows start page-aligned
@@ -271,7 +271,7 @@ impl<R: MemoryRegion> TableRegion<R> {
     pub fn control(&self) -> &ControlBlock {
         // SAFETY: the control area lies inside the region (checked at
         // create/open), is 64-byte aligned, and any bit pattern is a valid
-        // `ControlBlock` (atomics, and mutex bytes only its functions touch).
+        // `ControlBlock` (atomics only).
         unsafe { &*self.base.as_ptr().add(self.region_layout.control_offset as usize).cast::<ControlBlock>() }
     }
 

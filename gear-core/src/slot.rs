@@ -167,6 +167,10 @@ impl SlotRecord {
             return Err(Error::SlotState { slot, op: "begin a trajectory", state });
         }
         let generation = ((cur >> 32) as u32).wrapping_add(1);
+        // The owner goes in before the state says `Writing`: a process killed
+        // between the two leaves a free slot, never a writing one with no
+        // owner to reclaim it from.
+        self.owner.store(owner, Ordering::Relaxed);
         self.state_gen
             .compare_exchange(cur, pack(generation, SlotState::Writing), Ordering::AcqRel, Ordering::Acquire)
             .map_err(|v| Error::SlotState { slot, op: "begin a trajectory", state: SlotState::from_bits(v) })?;
@@ -177,7 +181,6 @@ impl SlotRecord {
         self.priority.store(priority.to_bits(), Ordering::Relaxed);
         self.times_sampled.store(0, Ordering::Relaxed);
         self.insert_seq.store(insert_seq, Ordering::Relaxed);
-        self.owner.store(owner, Ordering::Relaxed);
         Ok(SlotKey { slot, generation })
     }
 
@@ -256,7 +259,7 @@ impl SlotRecord {
 
     /// Counts one more sample of the current occupant; returns the new count.
     pub fn add_sampled(&self) -> u64 {
-        self.times_sampled.fetch_add(1, Ordering::Relaxed) + 1
+        self.times_sampled.fetch_add(1, Ordering::Relaxed).wrapping_add(1)
     }
 
     /// Seqlock read side, first half: the published length if `key` is

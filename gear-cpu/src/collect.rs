@@ -12,7 +12,7 @@
 //! The collector does not check slot generations: the table layer validates
 //! the copies with its seqlock after `gather` returns.
 
-use crate::raw::{self, AlignedBytes, Plain, SharedBytes};
+use crate::raw::{AlignedBytes, SharedBytes};
 use gear_core::{BatchLayout, Collector, Error, GatherRow, Layout, Result, TableView};
 
 /// Alignment of every [`HostBatch`] column buffer (a cache line, and enough
@@ -139,13 +139,13 @@ impl HostBatch {
     }
 
     /// The `i`-th column as elements of `T`, or `None` when its bytes per
-    /// step are not a multiple of `T`'s size. Panics if
-    /// `i >= self.columns()`.
-    pub fn column_as<T: Plain>(&self, i: usize) -> Option<&[T]> {
+    /// step are not a multiple of `T`'s size (or, for `bool`, when a byte
+    /// is neither 0 nor 1). Panics if `i >= self.columns()`.
+    pub fn column_as<T: gear_core::Element>(&self, i: usize) -> Option<&[T]> {
         if self.layout.step_bytes()[i] % std::mem::size_of::<T>() as u64 != 0 {
             return None;
         }
-        raw::cast_slice(self.column(i))
+        gear_core::from_bytes(self.column(i))
     }
 
     /// The bytes of row `r` of the `i`-th column, `[window.len, *shape]`.

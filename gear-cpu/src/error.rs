@@ -76,6 +76,14 @@ pub enum Error {
         /// Bytes the file system reported free, when it reports a limit.
         available: Option<u64>,
     },
+    /// Every process lease of a shared table is taken.
+    #[error(
+        "shared table has {max} process leases and all are held: at most {max} processes can have it open at once"
+    )]
+    Leases {
+        /// Leases a table has.
+        max: usize,
+    },
     /// A system call on a file failed.
     #[error("cannot {op} {}: {source}", .path.display())]
     Io {

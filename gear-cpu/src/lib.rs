@@ -12,8 +12,9 @@
 //!   the padding, splitting large batches across threads. Its output is
 //!   byte-for-byte the gear-core [`Collector`](gear_core::Collector)
 //!   contract, the reference other backends are compared with;
-//! * [`sync`]: a robust process-shared mutex, futex waits and process
-//!   liveness, for metadata that several processes update;
+//! * [`sync`]: process leases (liveness across PID namespaces), a robust
+//!   table lock with deadlines, and futex waits, for metadata that several
+//!   processes update;
 //! * [`create_shared_table`], [`open_shared_table`], [`create_host_table`]:
 //!   a [`TableRegion`] laid out in, or attached from, these pools.
 //!
@@ -34,7 +35,6 @@ pub mod sync;
 pub use collect::{check_column_buffers, CpuCollector, HostBatch, BATCH_ALIGN, DEFAULT_BYTES_PER_THREAD};
 pub use error::{Error, Result};
 pub use host::{HostPool, HOST_POOL_ALIGN};
-pub use raw::Plain;
 pub use shm::{validate_name, ShmOptions, ShmPool, DEFAULT_SHM_DIR, MAX_SHM_NAME_BYTES, SHM_POOL_ALIGN};
 
 use gear_core::{RegionLayout, TableRegion, TableSpec};

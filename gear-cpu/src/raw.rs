@@ -130,31 +130,6 @@ impl Drop for AlignedBytes {
     }
 }
 
-/// Element types whose every bit pattern is a valid value, so a byte buffer
-/// filled from shared memory may be viewed as a slice of them. Sealed.
-pub trait Plain: Copy + Send + Sync + 'static + private::Sealed {}
-
-mod private {
-    pub trait Sealed {}
-}
-
-macro_rules! plain {
-    ($($t:ty),*) => { $(impl private::Sealed for $t {} impl Plain for $t {})* };
-}
-plain!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
-
-/// Views `bytes` as `T`s when the address is aligned and the length a
-/// multiple of `T`'s size.
-pub(crate) fn cast_slice<T: Plain>(bytes: &[u8]) -> Option<&[T]> {
-    let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
-        return None;
-    }
-    // SAFETY: alignment and length were checked above; `T: Plain` accepts
-    // every bit pattern; the result borrows `bytes`, so it lives no longer.
-    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
-}
-
 /// Reserves `[0, len)` of `file` on its file system (`posix_fallocate`), so
 /// later stores into a mapping of it cannot hit a missing page (SIGBUS).
 /// Retries on `EINTR`; other failures come back as the raw OS error.
@@ -285,14 +260,6 @@ mod tests {
             assert!(b.as_slice().iter().all(|&x| x == 7));
         }
         assert_eq!(AlignedBytes::zeroed(usize::MAX - 10, 4096).err(), Some(AllocFailure::TooLarge));
-    }
-
-    #[test]
-    fn cast_slice_checks_length_and_alignment() {
-        let b = AlignedBytes::zeroed(64, 64).unwrap();
-        assert_eq!(cast_slice::<f32>(b.as_slice()).unwrap().len(), 16);
-        assert!(cast_slice::<f32>(&b.as_slice()[1..5]).is_none());
-        assert!(cast_slice::<f64>(&b.as_slice()[..12]).is_none());
     }
 
     #[test]

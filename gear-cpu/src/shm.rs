@@ -128,6 +128,9 @@ fn dir_or_default(dir: Option<&Path>) -> PathBuf {
 /// A named shared-memory mapping (see the module doc for its life cycle).
 pub struct ShmPool {
     map: MmapRaw,
+    /// The open backing file: its size is checked against the mapping, and
+    /// process leases lock bytes of it.
+    file: File,
     name: String,
     dir: PathBuf,
     /// `(device, inode)` of the file this value created; `None` for
@@ -169,6 +172,7 @@ impl ShmPool {
                 };
                 Ok(ShmPool {
                     map,
+                    file,
                     name: name.to_owned(),
                     dir,
                     created: Some((meta.dev(), meta.ino())),
@@ -227,7 +231,13 @@ impl ShmPool {
             Error::io("map", &path, std::io::Error::other(format!("{} bytes do not fit the address space", meta.len())))
         })?;
         let map = map_options(len, populate).map_raw(&file).map_err(|e| Error::io("map", &path, e))?;
-        Ok(ShmPool { map, name: name.to_owned(), dir, created: None, unlink_on_drop: AtomicBool::new(false) })
+        Ok(ShmPool { map, file, name: name.to_owned(), dir, created: None, unlink_on_drop: AtomicBool::new(false) })
+    }
+
+    /// A new descriptor of the backing file (sharing its open file
+    /// description), for process leases and size checks.
+    pub fn file(&self) -> Result<File> {
+        self.file.try_clone().map_err(|e| Error::io("duplicate the descriptor of", self.path(), e))
     }
 
     /// Removes the name `name` from `dir` (default `/dev/shm`). Existing

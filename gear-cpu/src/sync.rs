@@ -1,132 +1,291 @@
-//! Cross-process synchronisation over shared memory: a robust mutex, futex
-//! waits, and process liveness.
+//! Cross-process synchronisation over shared memory: process leases, a
+//! robust lock with deadlines, and futex waits.
 //!
-//! * [`ShmMutex`] is a POSIX mutex that is process-shared and robust
-//!   (`PTHREAD_PROCESS_SHARED` + `PTHREAD_MUTEX_ROBUST`): when its holder
-//!   dies, the next locker gets it with [`LockState::OwnerDied`] and must
-//!   repair what the lock guards. It lives in caller-provided bytes inside a
-//!   shared mapping.
-//! * [`futex_wait`]/[`futex_wake`] block on and wake a 32-bit word in
+//! * [`ProcessLease`] tells a live process from a dead one across PID
+//!   namespaces (two containers of a pod sharing `/dev/shm` see different
+//!   process ids for the same process). A lease is an open-file-description
+//!   lock (`F_OFD_SETLK`) on one byte of the table's file, far past its end,
+//!   which the kernel releases when the process dies, plus a generation in
+//!   the table's control block that the taker bumps while holding the lock,
+//!   so a token of a lease that has since changed hands reads as dead.
+//!   A token is `index | generation << LEASE_INDEX_BITS`, never 0.
+//!   A lease is only ever reported dead when its holder has died: the
+//!   generation changes only under the file lock, and the file lock is
+//!   free only when no process holds it. A wrong "alive" (garbage that
+//!   happens to name a live lease) only delays reclamation.
+//! * [`TableLock`] is the lock over a table's control block: a 32-bit word
+//!   holding the holder's lease token, taken with a deadline. A waiter
+//!   checks the holder's lease from time to time and takes the lock over
+//!   when the holder died ([`LockState::OwnerDied`]: repair what it
+//!   guards). Threads of one process first take a process-local mutex, so
+//!   the shared word only ever sees one thread per process, and a word
+//!   naming this very process while no thread of it holds the lock is
+//!   known to be stale.
+//! * [`futex_wait`]/[`futex_wake_all`] block on and wake a 32-bit word in
 //!   shared memory (Linux futexes keyed by the physical page, so they work
 //!   across processes that map the same file).
-//! * [`process_alive`] and [`ProcessId`] let a table tell a dead owner from
-//!   a slow one. A process id alone can be reused after the process dies,
-//!   so [`ProcessId`] pairs it with the process start time.
 
 use crate::error::{Error, Result};
-use std::sync::atomic::AtomicU32;
-use std::time::Duration;
+use gear_core::{ControlBlock, MAX_LEASES};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
-/// Bytes reserved for a [`ShmMutex`] in a shared layout.
-pub const SHM_MUTEX_BYTES: usize = 64;
+/// Bits of a lease token that hold the lease index.
+pub const LEASE_INDEX_BITS: u32 = 10;
+const _: () = assert!(MAX_LEASES == 1 << LEASE_INDEX_BITS);
+const GENERATION_MASK: u32 = u32::MAX >> LEASE_INDEX_BITS;
 
-const _: () = assert!(std::mem::size_of::<libc::pthread_mutex_t>() <= SHM_MUTEX_BYTES);
-const _: () = assert!(std::mem::align_of::<libc::pthread_mutex_t>() <= 8);
+/// Byte offset of lease 0's lock in a table's file: far past the end of
+/// any table (locks past the end of a file are allowed and touch no data).
+const LEASE_LOCK_BASE: i64 = 1 << 56;
+
+/// How often a waiter checks whether the lock holder still lives.
+const HOLDER_CHECK: Duration = Duration::from_millis(20);
+/// Spins on a held lock before sleeping (holds are short).
+const SPINS: u32 = 64;
+
+/// The lease token's index part.
+pub fn lease_index(token: u32) -> usize {
+    (token & (MAX_LEASES as u32 - 1)) as usize
+}
+
+/// How a table's processes are told apart.
+#[derive(Debug)]
+enum Scope {
+    /// A process-private table: only this process can use it.
+    Private,
+    /// A shared table: the file whose byte locks are the leases. Dropping
+    /// it releases this process's lease.
+    Shared(File),
+}
+
+/// This process's lease on one table (see the module doc).
+#[derive(Debug)]
+pub struct ProcessLease {
+    scope: Scope,
+    token: u32,
+}
+
+impl ProcessLease {
+    /// The lease of a process-private table: no other process can reach
+    /// it, so only this token is ever alive.
+    pub fn private(ctl: &ControlBlock) -> ProcessLease {
+        let token = 1 << LEASE_INDEX_BITS;
+        ctl.leases[0].store(1, Ordering::Relaxed);
+        ctl.lease_pids[0].store(std::process::id(), Ordering::Relaxed);
+        ProcessLease { scope: Scope::Private, token }
+    }
+
+    /// Takes a free lease of the shared table whose file is `file` (opened
+    /// read-write by this process; kept open for the lease's life).
+    pub fn acquire(file: File, ctl: &ControlBlock) -> Result<ProcessLease> {
+        for index in 0..MAX_LEASES {
+            if !ofd_lock(&file, index, LockOp::TryLock)? {
+                continue;
+            }
+            // We hold the lease's file lock: nobody else changes its
+            // generation now.
+            let old = ctl.leases[index].load(Ordering::Acquire);
+            let mut generation = old.wrapping_add(1) & GENERATION_MASK;
+            if generation == 0 {
+                generation = 1;
+            }
+            ctl.leases[index].store(generation, Ordering::Release);
+            ctl.lease_pids[index].store(std::process::id(), Ordering::Relaxed);
+            let token = index as u32 | generation << LEASE_INDEX_BITS;
+            return Ok(ProcessLease { scope: Scope::Shared(file), token });
+        }
+        Err(Error::Leases { max: MAX_LEASES })
+    }
+
+    /// This process's token.
+    pub fn token(&self) -> u32 {
+        self.token
+    }
+
+    /// Whether the process holding `token` still lives (this process's
+    /// own token always does).
+    pub fn is_alive(&self, token: u32, ctl: &ControlBlock) -> bool {
+        if token == self.token {
+            return true;
+        }
+        match &self.scope {
+            Scope::Private => false,
+            Scope::Shared(file) => token_alive(file, token, ctl),
+        }
+    }
+
+    /// A description of the holder of `token` for messages: its process id
+    /// as its own PID namespace numbers it.
+    pub fn describe(token: u32, ctl: &ControlBlock) -> String {
+        let pid = ctl.lease_pids[lease_index(token)].load(Ordering::Relaxed);
+        format!("process {pid} (lease {}, as its own PID namespace numbers it)", lease_index(token))
+    }
+}
+
+/// Whether the lease `token` of the table whose file is `file` is held by a
+/// live process; usable without a lease of one's own.
+pub fn token_alive(file: &File, token: u32, ctl: &ControlBlock) -> bool {
+    let generation = token >> LEASE_INDEX_BITS;
+    let index = lease_index(token);
+    if generation == 0 || ctl.leases[index].load(Ordering::Acquire) != generation {
+        return false;
+    }
+    // An error of the query itself says nothing: count the holder alive.
+    ofd_lock(file, index, LockOp::Query).unwrap_or(true)
+}
+
+enum LockOp {
+    /// Take the byte's write lock if free; true when taken.
+    TryLock,
+    /// Whether another open file description holds the byte's lock.
+    Query,
+}
+
+fn ofd_lock(file: &File, index: usize, op: LockOp) -> Result<bool> {
+    // SAFETY: `flock` is plain data; all-zero is a valid value to start
+    // from, and every field fcntl reads is set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = LEASE_LOCK_BASE + index as i64;
+    fl.l_len = 1;
+    let cmd = match op {
+        LockOp::TryLock => libc::F_OFD_SETLK,
+        LockOp::Query => libc::F_OFD_GETLK,
+    };
+    // SAFETY: the descriptor is open for the call (borrowed from `file`);
+    // `fl` is a valid flock that fcntl reads and, for GETLK, writes.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl as *mut libc::flock) };
+    if rc == -1 {
+        let e = std::io::Error::last_os_error();
+        return match (op, e.raw_os_error()) {
+            (LockOp::TryLock, Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
+            _ => Err(Error::Io { op: "lock a process lease of", path: "shared table".into(), source: e }),
+        };
+    }
+    Ok(match op {
+        LockOp::TryLock => true,
+        LockOp::Query => fl.l_type != libc::F_UNLCK as _,
+    })
+}
 
 /// How a lock was obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockState {
     /// The previous holder unlocked normally.
     Clean,
-    /// The previous holder died holding the lock; what it guards may be
-    /// half-updated and must be repaired before use.
+    /// The previous holder died holding the lock (or the lock word held
+    /// garbage); what it guards may be half-updated and must be repaired.
     OwnerDied,
 }
 
-/// A robust, process-shared mutex in shared memory.
-#[derive(Debug)]
-pub struct ShmMutex {
-    raw: *mut libc::pthread_mutex_t,
+/// Why a lock was not taken before its deadline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockTimeout {
+    /// How long the caller waited.
+    pub waited: Duration,
+    /// The token of the holder when the deadline passed (0: a thread of
+    /// this process held the process-local part).
+    pub holder: u32,
 }
 
-// SAFETY: the mutex is designed to be used from many threads and processes
-// at once; the pointer stays valid as long as the mapping (see `from_raw`).
-unsafe impl Send for ShmMutex {}
-// SAFETY: see Send.
-unsafe impl Sync for ShmMutex {}
-
-/// Unlocks on drop.
-#[derive(Debug)]
-pub struct ShmMutexGuard<'a> {
-    mutex: &'a ShmMutex,
+/// The lock over a table's control block (see the module doc). One per
+/// table handle; it borrows the words from the control block on each call.
+#[derive(Debug, Default)]
+pub struct TableLock {
+    /// Serialises this process's threads before the shared word.
+    local: parking_lot::Mutex<()>,
 }
 
-impl ShmMutex {
-    /// Initialises a mutex in `bytes` (its creator does this once, before any
-    /// other process can see the bytes).
-    ///
-    /// # Safety
-    /// `bytes` must point to [`SHM_MUTEX_BYTES`] writable bytes, 8-byte
-    /// aligned, that no one uses as a mutex yet and that stay mapped while
-    /// any `ShmMutex` made from them lives.
-    pub unsafe fn init(bytes: *mut u8) -> Result<ShmMutex> {
-        let raw = bytes.cast::<libc::pthread_mutex_t>();
-        let mut attr = std::mem::MaybeUninit::<libc::pthread_mutexattr_t>::uninit();
-        // SAFETY: attr is initialised by pthread_mutexattr_init before the
-        // setters read it, and destroyed after pthread_mutex_init copied it;
-        // `raw` is valid for a pthread_mutex_t (caller's obligation).
-        unsafe {
-            check("initialise mutex attributes", libc::pthread_mutexattr_init(attr.as_mut_ptr()))?;
-            let a = attr.as_mut_ptr();
-            let set = check(
-                "make the mutex process-shared",
-                libc::pthread_mutexattr_setpshared(a, libc::PTHREAD_PROCESS_SHARED),
-            )
-            .and_then(|()| {
-                check("make the mutex robust", libc::pthread_mutexattr_setrobust(a, libc::PTHREAD_MUTEX_ROBUST))
-            })
-            .and_then(|()| check("initialise the mutex", libc::pthread_mutex_init(raw, a)));
-            libc::pthread_mutexattr_destroy(a);
-            set?;
-        }
-        Ok(ShmMutex { raw })
+/// Holds a [`TableLock`]; unlocks on drop.
+pub struct TableLockGuard<'a> {
+    word: &'a AtomicU32,
+    waiters: &'a AtomicU32,
+    token: u32,
+    _local: parking_lot::MutexGuard<'a, ()>,
+}
+
+impl std::fmt::Debug for TableLockGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableLockGuard").field("token", &self.token).finish()
+    }
+}
+
+impl TableLock {
+    /// A lock handle for one table.
+    pub fn new() -> TableLock {
+        TableLock::default()
     }
 
-    /// A handle to a mutex another party initialised.
-    ///
-    /// # Safety
-    /// `bytes` must point to a mutex made by [`ShmMutex::init`] that stays
-    /// mapped while the handle lives.
-    pub unsafe fn from_raw(bytes: *mut u8) -> ShmMutex {
-        ShmMutex { raw: bytes.cast() }
-    }
-
-    /// Locks, blocking. If the previous holder died, the lock is made
-    /// consistent again and [`LockState::OwnerDied`] says the guarded data
-    /// needs repair.
-    pub fn lock(&self) -> Result<(ShmMutexGuard<'_>, LockState)> {
-        // SAFETY: `raw` points to an initialised robust mutex (constructor
-        // obligations).
-        let rc = unsafe { libc::pthread_mutex_lock(self.raw) };
-        let state = match rc {
-            0 => LockState::Clean,
-            libc::EOWNERDEAD => {
-                // SAFETY: we hold the lock (EOWNERDEAD grants it).
-                check("recover the mutex of a dead holder", unsafe { libc::pthread_mutex_consistent(self.raw) })?;
-                LockState::OwnerDied
-            }
-            rc => return Err(os_error("lock the table mutex", rc)),
+    /// Takes the lock for `lease`'s process, waiting at most until
+    /// `deadline` (`None`: as long as it takes). A holder whose lease is
+    /// dead is taken over ([`LockState::OwnerDied`]).
+    pub fn lock<'a>(
+        &'a self,
+        ctl: &'a ControlBlock,
+        lease: &ProcessLease,
+        deadline: Option<Instant>,
+    ) -> std::result::Result<(TableLockGuard<'a>, LockState), LockTimeout> {
+        let start = Instant::now();
+        let local = match deadline {
+            None => self.local.lock(),
+            Some(d) => self.local.try_lock_until(d).ok_or(LockTimeout { waited: start.elapsed(), holder: 0 })?,
         };
-        Ok((ShmMutexGuard { mutex: self }, state))
+        let (word, waiters, me) = (&ctl.lock, &ctl.lock_waiters, lease.token());
+        let guard = |state| (TableLockGuard { word, waiters, token: me, _local: local }, state);
+        let mut spins = 0;
+        let mut next_check = start;
+        loop {
+            let cur = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Ok(guard(LockState::Clean)),
+                Err(cur) => cur,
+            };
+            if cur == me {
+                // No other thread of this process holds the lock (we hold
+                // the local mutex): a holder of ours died mid-section in a
+                // way a process cannot survive, or the word was corrupted.
+                return Ok(guard(LockState::OwnerDied));
+            }
+            if spins < SPINS {
+                spins += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if now >= next_check {
+                next_check = now + HOLDER_CHECK;
+                if !lease.is_alive(cur, ctl) {
+                    if word.compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                        return Ok(guard(LockState::OwnerDied));
+                    }
+                    continue;
+                }
+            }
+            let mut sleep = next_check.saturating_duration_since(now).max(Duration::from_micros(100));
+            if let Some(d) = deadline {
+                if now >= d {
+                    return Err(LockTimeout { waited: start.elapsed(), holder: cur });
+                }
+                sleep = sleep.min(d - now);
+            }
+            waiters.fetch_add(1, Ordering::AcqRel);
+            futex_wait(word, cur, Some(sleep));
+            waiters.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
-impl Drop for ShmMutexGuard<'_> {
+impl Drop for TableLockGuard<'_> {
     fn drop(&mut self) {
-        // SAFETY: the guard exists only while this thread holds the lock.
-        unsafe { libc::pthread_mutex_unlock(self.mutex.raw) };
-    }
-}
-
-fn os_error(op: &'static str, rc: i32) -> Error {
-    Error::Io { op, path: "shared table".into(), source: std::io::Error::from_raw_os_error(rc) }
-}
-
-fn check(op: &'static str, rc: i32) -> Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(os_error(op, rc))
+        // Only our own token is cleared: a word another process overwrote
+        // (which only a corrupted region can make happen) is left alone.
+        let released = self.word.compare_exchange(self.token, 0, Ordering::Release, Ordering::Relaxed).is_ok();
+        if released && self.waiters.load(Ordering::Acquire) > 0 {
+            futex_wake_one(self.word);
+        }
     }
 }
 
@@ -148,13 +307,22 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
 
 /// Wakes every waiter blocked on `word`.
 pub fn futex_wake_all(word: &AtomicU32) {
+    futex_wake(word, i32::MAX);
+}
+
+/// Wakes one waiter blocked on `word`.
+pub fn futex_wake_one(word: &AtomicU32) {
+    futex_wake(word, 1);
+}
+
+fn futex_wake(word: &AtomicU32, count: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE,
-            i32::MAX,
+            count,
             std::ptr::null::<u32>(),
             std::ptr::null::<u32>(),
             0,
@@ -162,103 +330,80 @@ pub fn futex_wake_all(word: &AtomicU32) {
     }
 }
 
-/// A process identity that survives pid reuse: pid in the low 32 bits,
-/// the low 32 bits of its start time (clock ticks since boot) above.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ProcessId(pub u64);
-
-impl ProcessId {
-    /// This process.
-    pub fn current() -> ProcessId {
-        static ME: std::sync::OnceLock<ProcessId> = std::sync::OnceLock::new();
-        *ME.get_or_init(|| {
-            let pid = std::process::id();
-            ProcessId(u64::from(pid) | (start_time(pid).unwrap_or(0) & 0xffff_ffff) << 32)
-        })
-    }
-
-    /// The pid part.
-    pub fn pid(self) -> u32 {
-        self.0 as u32
-    }
-
-    /// Whether this process still runs: its pid exists and, when a start
-    /// time was recorded, it started at that time (the pid was not reused).
-    pub fn is_alive(self) -> bool {
-        let pid = self.pid();
-        if pid == 0 || !process_alive(pid) {
-            return false;
-        }
-        let recorded = self.0 >> 32;
-        match start_time(pid) {
-            Some(t) if recorded != 0 => t & 0xffff_ffff == recorded,
-            _ => true,
-        }
-    }
-}
-
-/// Whether a process with this pid exists (it may be a zombie or another
-/// process that reused the pid; see [`ProcessId::is_alive`]).
-pub fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 performs only the existence and permission check.
-    let rc = unsafe { libc::kill(pid, 0) };
-    if rc == 0 {
-        // A zombie (dead, not yet reaped) still answers kill(0).
-        return !is_zombie(pid as u32);
-    }
-    std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-/// Fields of /proc/PID/stat after the command name, which may contain
-/// spaces and parentheses.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    Some(after.split_whitespace().map(str::to_owned).collect())
-}
-
-fn is_zombie(pid: u32) -> bool {
-    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "Z" || s == "X"))
-}
-
-/// Start time in clock ticks since boot (field 22 of /proc/PID/stat).
-fn start_time(pid: u32) -> Option<u64> {
-    stat_fields(pid)?.get(19)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
-    #[test]
-    fn mutex_locks_and_this_process_is_alive() {
-        let mut bytes = vec![0u64; SHM_MUTEX_BYTES / 8];
-        // SAFETY: 64 aligned bytes used only as this mutex, alive for the test.
-        let m = unsafe { ShmMutex::init(bytes.as_mut_ptr().cast()) }.unwrap();
-        let (g, state) = m.lock().unwrap();
-        assert_eq!(state, LockState::Clean);
-        drop(g);
-        assert_eq!(m.lock().unwrap().1, LockState::Clean);
-        assert!(ProcessId::current().is_alive());
-        assert!(!ProcessId(0).is_alive());
-        assert!(!ProcessId(u64::from(i32::MAX as u32 - 1)).is_alive());
+    fn control() -> Box<ControlBlock> {
+        // SAFETY: ControlBlock is atomics only, for which all-zero is valid.
+        unsafe { Box::new(std::mem::zeroed()) }
+    }
+
+    fn table_file(dir: &std::path::Path) -> File {
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join("t")).unwrap()
+    }
+
+    fn temp_dir(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("gear-sync-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
     }
 
     #[test]
-    fn a_mutex_whose_holder_thread_died_reports_it() {
-        let mut bytes = vec![0u64; SHM_MUTEX_BYTES / 8];
-        // SAFETY: as above.
-        let m = unsafe { ShmMutex::init(bytes.as_mut_ptr().cast()) }.unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| std::mem::forget(m.lock().unwrap()));
-        });
-        assert_eq!(m.lock().unwrap().1, LockState::OwnerDied);
-        assert_eq!(m.lock().unwrap().1, LockState::Clean, "consistent again after recovery");
+    fn leases_are_distinct_and_released_on_drop() {
+        let dir = temp_dir("leases");
+        let ctl = control();
+        let a = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let b = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        assert_ne!(lease_index(a.token()), lease_index(b.token()));
+        assert!(a.is_alive(b.token(), &ctl) && b.is_alive(a.token(), &ctl));
+        assert!(!a.is_alive(0, &ctl), "token 0 names nobody");
+        let gone = b.token();
+        drop(b);
+        assert!(!a.is_alive(gone, &ctl), "a dropped lease is dead");
+        let c = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        assert_eq!(lease_index(c.token()), lease_index(gone), "the free lease is taken again");
+        assert!(!a.is_alive(gone, &ctl), "the old token stays dead once its lease changed hands");
+        assert!(a.is_alive(c.token(), &ctl));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn lock_excludes_threads_and_times_out_naming_the_holder() {
+        let dir = temp_dir("lock");
+        let ctl = control();
+        let lease = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let other = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let lock = TableLock::new();
+        let (g, state) = lock.lock(&ctl, &lease, None).unwrap();
+        assert_eq!(state, LockState::Clean);
+        let t = Instant::now();
+        let e = lock.lock(&ctl, &lease, Some(Instant::now() + Duration::from_millis(50))).unwrap_err();
+        assert!(t.elapsed() >= Duration::from_millis(45) && e.holder == 0, "{e:?}");
+        // Another process's handle (a live lease) waits, then times out.
+        let other_lock = TableLock::new();
+        let e = other_lock.lock(&ctl, &other, Some(Instant::now() + Duration::from_millis(50))).unwrap_err();
+        assert_eq!(e.holder, lease.token());
+        drop(g);
+        assert_eq!(other_lock.lock(&ctl, &other, None).unwrap().1, LockState::Clean);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_dead_or_garbage_holder_is_taken_over() {
+        let dir = temp_dir("takeover");
+        let ctl = control();
+        let lease = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let lock = TableLock::new();
+        for garbage in [0xdead_beef_u32, 1 << LEASE_INDEX_BITS | 5, lease.token()] {
+            ctl.lock.store(garbage, Ordering::Relaxed);
+            let deadline = Some(Instant::now() + Duration::from_secs(5));
+            let (g, state) = lock.lock(&ctl, &lease, deadline).unwrap();
+            assert_eq!(state, LockState::OwnerDied, "{garbage:#x}");
+            drop(g);
+            assert_eq!(lock.lock(&ctl, &lease, deadline).unwrap().1, LockState::Clean);
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

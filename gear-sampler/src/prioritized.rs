@@ -295,7 +295,7 @@ impl Prioritized {
     fn check(&self, p: f64) -> Result<f64> {
         let p = check_priority(p)?;
         if p > self.priority_limit {
-            return Err(Error::InvalidPriority(p));
+            return Err(Error::PriorityTooLarge { priority: p, alpha: self.alpha, limit: self.priority_limit });
         }
         Ok(p + 0.0)
     }

@@ -263,7 +263,10 @@ fn large_batches_rebuild_to_the_same_tree_as_single_updates() {
 fn masses_that_would_overflow_are_refused() {
     let mut s = Prioritized::new(2.0, 0.4).unwrap();
     s.prepare(4).unwrap();
-    assert!(matches!(s.insert(key(0, 1), Some(1e200)), Err(Error::InvalidPriority(_))));
+    let e = s.insert(key(0, 1), Some(1e200)).unwrap_err();
+    assert!(matches!(e, Error::PriorityTooLarge { alpha: 2.0, .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("too large") && msg.contains("alpha 2") && !msg.contains("finite"), "{msg}");
     s.insert(key(0, 1), Some(1e140)).unwrap();
     s.insert(key(1, 1), Some(1e140)).unwrap();
     assert!(s.total_mass().is_finite());
