@@ -357,7 +357,7 @@ fn run_processes(
 /// `gear demo-actor`: one actor process attached to the demo's table.
 pub fn actor_process(table: &str, id: u64, seconds: f64, seed: u64) -> Result<()> {
     let t = ReplayTable::attach(table, AttachOptions::default())?;
-    let stats = actor_loop(&t, id, seed, Instant::now() + Duration::from_secs_f64(seconds))?;
+    let stats = actor_loop(&t, id, seed, Instant::now() + run_time(seconds)?)?;
     print_stats(&stats);
     Ok(())
 }
@@ -365,7 +365,7 @@ pub fn actor_process(table: &str, id: u64, seconds: f64, seed: u64) -> Result<()
 /// `gear demo-trainer`: the trainer process attached to the demo's table.
 pub fn trainer_process(table: &str, seconds: f64, batch: usize, window: u64) -> Result<()> {
     let t = ReplayTable::attach(table, AttachOptions::default())?;
-    let stats = trainer_loop(&t, batch, window, Instant::now() + Duration::from_secs_f64(seconds), &mut |_| {})?;
+    let stats = trainer_loop(&t, batch, window, Instant::now() + run_time(seconds)?, &mut |_| {})?;
     print_stats(&stats);
     Ok(())
 }
@@ -393,4 +393,11 @@ fn check_rows(batch: &crate::SampledBatch, window: u64) -> Result<u64> {
         }
     }
     Ok(batch.rows() as u64)
+}
+
+/// A run time in seconds as a `Duration`, refusing NaN, negative and
+/// overflowing values.
+fn run_time(seconds: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| Error::Config(format!("run time of {seconds} seconds: expected a finite number >= 0")))
 }

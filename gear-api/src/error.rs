@@ -17,13 +17,22 @@ pub enum Error {
     #[error("backend: {0}")]
     Backend(Box<dyn std::error::Error + Send + Sync>),
     /// A wait ran out.
-    #[error("timed out after {waited:?} waiting to {op}")]
+    #[error(
+        "timed out after {waited:?} waiting to {op}{}",
+        .holder.as_ref().map(|h| format!(" (the table lock is held by {h})")).unwrap_or_default()
+    )]
     Timeout {
         /// What was being waited for.
         op: &'static str,
-        /// How long.
+        /// How long the call waited.
         waited: Duration,
+        /// Who held the table lock, when the wait was for the lock.
+        holder: Option<String>,
     },
+    /// The shared region holds what no correct process writes, and it
+    /// cannot be repaired from the slot records.
+    #[error("shared table is corrupted: {0}")]
+    Corrupted(String),
     /// The table was closed while or before waiting.
     #[error("table is closed")]
     Closed,

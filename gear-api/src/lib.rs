@@ -52,7 +52,7 @@ pub mod writer;
 pub use cuda::{CudaColumn, CudaSampledBatch, CudaSampler, CudaSamplerOptions};
 pub use error::{Error, Result};
 pub use limiter::RateLimiterConfig;
-pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler};
+pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
 pub use table::{AttachOptions, PoolConfig, ReplayTable, SlotCounts, TableBuilder, TableInfo};
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 

@@ -33,7 +33,7 @@ enum Command {
         #[arg(long)]
         threads: bool,
         /// Seconds to run.
-        #[arg(long, default_value_t = 5.0)]
+        #[arg(long, default_value_t = 5.0, value_parser = seconds_arg)]
         seconds: f64,
         /// Table capacity in episodes.
         #[arg(long, default_value_t = 512)]
@@ -70,7 +70,7 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
-        #[arg(long)]
+        #[arg(long, value_parser = seconds_arg)]
         seconds: Option<f64>,
     },
     #[command(hide = true)]
@@ -79,7 +79,7 @@ enum Command {
         table: String,
         #[arg(long)]
         id: u64,
-        #[arg(long)]
+        #[arg(long, value_parser = seconds_arg)]
         seconds: f64,
         #[arg(long)]
         seed: u64,
@@ -88,7 +88,7 @@ enum Command {
     DemoTrainer {
         #[arg(long)]
         table: String,
-        #[arg(long)]
+        #[arg(long, value_parser = seconds_arg)]
         seconds: f64,
         #[arg(long)]
         batch: usize,
@@ -131,13 +131,24 @@ enum Command {
     },
 }
 
-fn positive_seconds(seconds: f64) -> std::result::Result<Duration, ExitCode> {
-    if seconds.is_finite() && seconds > 0.0 {
-        Ok(Duration::from_secs_f64(seconds))
-    } else {
-        eprintln!("error: --seconds must be a positive number, got {seconds}");
-        Err(ExitCode::from(2))
+/// Longest run any `--seconds` flag accepts (about 31 years): anything
+/// longer is a typo, and `Duration` cannot hold much more.
+const MAX_SECONDS: f64 = 1e9;
+
+/// Parses a `--seconds` value: a finite number of seconds, 0 < s <= 1e9.
+fn seconds_arg(text: &str) -> std::result::Result<f64, String> {
+    let s: f64 = text.trim().parse().map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !s.is_finite() || s <= 0.0 || s > MAX_SECONDS {
+        return Err(format!("{text} seconds: expected a finite number of seconds above 0 and at most {MAX_SECONDS:e}"));
     }
+    Ok(s)
+}
+
+fn positive_seconds(seconds: f64) -> std::result::Result<Duration, ExitCode> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        eprintln!("error: --seconds must be a positive number, got {seconds}");
+        ExitCode::from(2)
+    })
 }
 
 fn main() -> ExitCode {
@@ -280,7 +291,7 @@ fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
         spec.data_bytes() as f64 / 1e6
     );
     let start = Instant::now();
-    let until = seconds.map(Duration::from_secs_f64);
+    let until = seconds.and_then(|s| Duration::try_from_secs_f64(s).ok());
     let mut last = Instant::now();
     while !STOP.load(Ordering::Relaxed) && until.is_none_or(|u| start.elapsed() < u) {
         std::thread::sleep(Duration::from_millis(100));

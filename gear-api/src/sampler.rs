@@ -7,8 +7,12 @@ use gear_core::{
     BatchLayout, Collector, DType, Element, GatherRow, RandomSource, Sampled, SlotKey, TableSpec, WindowSpec,
     Xoshiro256,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Most rows one batch may have (2^24): more is a mistake, and the batch's
+/// per-row metadata alone would take gigabytes.
+pub const MAX_BATCH_ROWS: usize = 1 << 24;
 
 /// Attempts at copying a batch before giving up with [`Error::Torn`].
 const MAX_COPY_ATTEMPTS: u32 = 16;
@@ -137,14 +141,17 @@ pub(crate) struct Draws {
     random_starts: Option<Xoshiro256>,
 }
 
-/// Distinguishes the random streams of samplers made by one process.
-static SAMPLERS_MADE: AtomicU64 = AtomicU64::new(0);
-
 impl Draws {
     /// Checks `config` against the table and sizes the buffers.
     pub(crate) fn new(table: &ReplayTable, config: &SampleConfig) -> Result<(Self, BatchMeta)> {
         if config.batch_size == 0 {
             return Err(Error::Config("batch size must be at least 1".into()));
+        }
+        if config.batch_size > MAX_BATCH_ROWS {
+            return Err(Error::Config(format!(
+                "batch size {} is above the limit of {MAX_BATCH_ROWS} rows a batch",
+                config.batch_size
+            )));
         }
         let spec = table.spec();
         let columns: Vec<usize> = if config.columns.is_empty() {
@@ -161,12 +168,11 @@ impl Draws {
         };
         let layout = BatchLayout::new(table.shared.region.layout(), &columns, config.batch_size, window)?;
         let meta = BatchMeta::new(spec, &columns, config.batch_size);
-        let random_starts = config.random_start.then(|| {
-            let n = SAMPLERS_MADE.fetch_add(1, Ordering::Relaxed);
-            Xoshiro256::seed_from_u64(
-                table.seed() ^ u64::from(std::process::id()).rotate_left(32) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            )
-        });
+        let selection = table.selection();
+        // Derived from the table's seed and the sampler, never the process
+        // id, so a seeded table cuts the same windows run after run.
+        let random_starts =
+            config.random_start.then(|| Xoshiro256::seed_from_u64(selection.seed ^ 0x5eed_5747_a475_0001));
         let n = config.batch_size;
         let draws = Draws {
             step_bytes: layout.step_bytes().iter().sum(),
@@ -176,7 +182,7 @@ impl Draws {
             redraws: Vec::new(),
             rows: Vec::with_capacity(n),
             torn: Vec::new(),
-            selection: table.selection(),
+            selection,
             random_starts,
         };
         Ok((draws, meta))
@@ -214,7 +220,10 @@ impl Draws {
 
     fn draw_and_copy(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) -> Result<()> {
         let n = self.layout.rows();
-        table.select(n, self.timeout, true, &mut self.selection, &mut self.draws)?;
+        // One deadline for the whole call: the first draw, and redraws of
+        // rows overwritten during the copy.
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        table.select(n, deadline, true, &mut self.selection, &mut self.draws)?;
         self.rows.clear();
         for r in 0..n {
             let (s, len) = self.draws[r];
@@ -236,7 +245,7 @@ impl Draws {
                 break;
             }
             self.redraws.clear();
-            table.select(self.torn.len(), None, false, &mut self.selection, &mut self.redraws)?;
+            table.select(self.torn.len(), deadline, false, &mut self.selection, &mut self.redraws)?;
             for i in 0..self.torn.len().min(self.redraws.len()) {
                 let (r, d) = (self.torn[i], self.redraws[i]);
                 self.draws[r] = d;

@@ -13,14 +13,25 @@
 //! once the mutex has admitted and counted the batch, so sampler threads of
 //! one process draw at the same time.
 //!
-//! Failure handling: a writer that dies mid-trajectory is detected by its
-//! owner identity (pid plus start time) and its slot reclaimed: the steps it
-//! published are committed as a shorter trajectory, or the slot is freed if
-//! it published none. A process that dies holding the mutex is detected by
-//! the mutex itself (robust), and the next locker rebuilds the shared
+//! Failure handling: every process holds a lease on the table
+//! (`gear_cpu::sync::ProcessLease`: a file lock the kernel drops when the
+//! process dies, in whatever PID namespace), and slot owners, the lock
+//! holder and the server are named by lease tokens. A writer that dies
+//! mid-trajectory is found dead by its token and its slot reclaimed: the
+//! steps it published are committed as a shorter trajectory, or the slot is
+//! freed if it published none. Reclamation runs on its own: a full scan
+//! when a writer finds no free slot, and a slice of the slots on a cadence
+//! whenever any process takes the lock. A process that dies holding the
+//! lock is found dead by the next locker, which rebuilds the shared
 //! counters and free list from the slot records. A sampler that dies
 //! mid-copy pins nothing (reads are optimistic); slots it was retiring are
 //! freed by the same reclamation.
+//!
+//! Nothing read from the shared region is trusted: free-list entries,
+//! strategy results and log entries are bounds-checked (a bad one repairs
+//! the shared state from the slot records, or is an error), the rate
+//! limiter's settings are validated once at open and kept, and a backing
+//! file shrunk under the table is detected at every lock.
 
 use crate::error::{Error, Result};
 use crate::limiter::{RateLimiter, RateLimiterConfig};
@@ -30,9 +41,10 @@ use gear_core::{
     check_priority, target, Change, ControlBlock, LogOp, MemoryRegion, Sampled, Selector, SlotKey, SlotState,
     TableRegion, TableSpec, Xoshiro256,
 };
-use gear_cpu::sync::{futex_wait, futex_wake_all, LockState, ProcessId, ShmMutex, ShmMutexGuard};
+use gear_cpu::sync::{futex_wait, futex_wake_all, token_alive, LockState, ProcessLease, TableLock, TableLockGuard};
 use gear_sampler::{StrategyKind, StrategyParams};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,8 +73,15 @@ const STALE_DRAW_ATTEMPTS: usize = 8;
 
 /// Longest a waiter sleeps before re-checking the server and dead writers.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
-/// Least time between two scans for dead writers by one process.
+/// Least time between two full scans for dead writers by one process
+/// (when a writer finds no free slot, or while waiting).
 const REAP_INTERVAL: Duration = Duration::from_millis(500);
+/// Least time between two background slices of the dead-writer scan.
+const REAP_SLICE_INTERVAL: Duration = Duration::from_millis(100);
+/// Slots one background slice checks.
+const REAP_SLICE: u64 = 8192;
+/// How long [`ReplayTable::attach`] waits for the table lock by default.
+const DEFAULT_ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Policy words in the control block (written by the creator, read by
 /// attachers).
@@ -216,41 +235,49 @@ impl TableBuilder {
     /// Allocates the pool, lays the table out and returns it.
     pub fn build(self) -> Result<ReplayTable> {
         let limiter = self.limiter.validated()?;
+        let capacity = self.spec.capacity();
         if self.max_times_sampled == Some(0) {
             return Err(Error::Config("max_times_sampled must be at least 1".into()));
         }
+        if limiter.min_size_to_sample > capacity {
+            return Err(Error::Config(format!(
+                "min_size_to_sample {} is above the capacity of {capacity} trajectories: nothing could ever be sampled",
+                limiter.min_size_to_sample
+            )));
+        }
         let region_layout = gear_core::RegionLayout::for_spec(&self.spec)?;
-        let pool: Box<dyn MemoryRegion> = match &self.pool {
-            PoolConfig::Host => Box::new(gear_cpu::HostPool::new(region_layout.total_bytes)?),
+        let (pool, backing): (Box<dyn MemoryRegion>, Option<File>) = match &self.pool {
+            PoolConfig::Host => (Box::new(gear_cpu::HostPool::new(region_layout.total_bytes)?), None),
             PoolConfig::Shared { name, dir } => {
                 let mut opts = gear_cpu::ShmOptions::new();
                 if let Some(d) = dir {
                     opts = opts.dir(d.clone());
                 }
-                match gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts.clone()) {
+                let pool = match gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts.clone()) {
                     Err(gear_cpu::Error::Exists { .. }) if stale_table(name, dir.as_deref()) => {
                         // Its creator died without removing it: replace it.
                         gear_cpu::ShmPool::unlink(name, dir.as_deref())?;
-                        Box::new(gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts)?)
+                        gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts)?
                     }
-                    other => Box::new(other?),
-                }
+                    other => other?,
+                };
+                let file = pool.file()?;
+                (Box::new(pool), Some(file))
             }
         };
         let region = TableRegion::create(pool, &self.spec)?;
         let ctl = region.control();
-        // SAFETY: the mutex bytes are inside the fresh region, 64-byte
-        // aligned, unused so far, and live as long as `region`, which the
-        // returned table owns together with the mutex handle.
-        let mutex = unsafe { ShmMutex::init(ctl.mutex_ptr()) }?;
-        let capacity = self.spec.capacity();
+        let lease = match &backing {
+            None => ProcessLease::private(ctl),
+            Some(file) => ProcessLease::acquire(file.try_clone().map_err(lease_io)?, ctl)?,
+        };
         for (i, w) in region.free_list().iter().enumerate() {
             // Popped from the end: slot 0 is used first.
             w.store((capacity - 1 - i as u64) as u32, Ordering::Relaxed);
         }
         ctl.free_len.store(capacity, Ordering::Relaxed);
         ctl.next_seq.store(1, Ordering::Relaxed);
-        ctl.server.store(ProcessId::current().0, Ordering::Relaxed);
+        ctl.server.store(u64::from(lease.token()), Ordering::Relaxed);
         let p = &ctl.policy;
         p[policy::SPI].store(limiter.samples_per_insert.to_bits(), Ordering::Relaxed);
         p[policy::MIN_SIZE].store(limiter.min_size_to_sample, Ordering::Relaxed);
@@ -279,8 +306,22 @@ impl TableBuilder {
         };
         let sampler = code(self.sampler, policy::SAMPLER_KIND)?;
         let remover = code(self.remover, policy::REMOVER_KIND)?;
-        Shared::open_table(region, mutex, sampler, remover, self.collector_threads, true)
+        let opened = Opened { region, lease, backing, creator: true };
+        Shared::open_table(opened, sampler, remover, self.collector_threads, None)
     }
+}
+
+fn lease_io(e: std::io::Error) -> gear_cpu::Error {
+    gear_cpu::Error::Io { op: "duplicate the descriptor of", path: "shared table".into(), source: e }
+}
+
+/// A region with this process's lease on it, ready to become a table.
+struct Opened {
+    region: TableRegion<Box<dyn MemoryRegion>>,
+    lease: ProcessLease,
+    /// The backing file of a shared table (for size checks).
+    backing: Option<File>,
+    creator: bool,
 }
 
 /// Whether `name` holds a GEAR table whose creating process is dead (left
@@ -288,12 +329,14 @@ impl TableBuilder {
 /// is not stale: it is not ours to remove.
 fn stale_table(name: &str, dir: Option<&std::path::Path>) -> bool {
     let Ok(pool) = gear_cpu::ShmPool::open_with(name, dir, false) else { return false };
+    let Ok(file) = pool.file() else { return false };
     let Ok(region) = TableRegion::open(pool, None) else { return false };
-    !ProcessId(region.control().server.load(Ordering::Relaxed)).is_alive()
+    let ctl = region.control();
+    let server = ctl.server.load(Ordering::Relaxed);
+    !token_alive(&file, u32::try_from(server).unwrap_or(0), ctl)
 }
 
 /// How to attach to a table another process created.
-#[derive(Default)]
 pub struct AttachOptions {
     /// Directory of the backing file (`/dev/shm` when `None`).
     pub dir: Option<PathBuf>,
@@ -305,11 +348,33 @@ pub struct AttachOptions {
     pub remover: Option<Box<dyn Selector>>,
     /// Threads for the CPU collector.
     pub collector_threads: Option<usize>,
+    /// Longest the attach waits for the table lock (default 30 s; `None`:
+    /// as long as it takes). A lock held by a dead process is taken over
+    /// at once; one held by a live but stopped process makes the attach
+    /// fail with [`Error::Timeout`] naming that process.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for AttachOptions {
+    fn default() -> Self {
+        AttachOptions {
+            dir: None,
+            expected: None,
+            sampler: None,
+            remover: None,
+            collector_threads: None,
+            timeout: Some(DEFAULT_ATTACH_TIMEOUT),
+        }
+    }
 }
 
 impl std::fmt::Debug for AttachOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AttachOptions").field("dir", &self.dir).field("expected", &self.expected).finish()
+        f.debug_struct("AttachOptions")
+            .field("dir", &self.dir)
+            .field("expected", &self.expected)
+            .field("timeout", &self.timeout)
+            .finish()
     }
 }
 
@@ -342,6 +407,9 @@ impl Local {
 /// table draws the same rows run after run) and its reusable buffers.
 #[derive(Debug)]
 pub(crate) struct Selection {
+    /// The seed of `rng`: the table's seed, the process's salt and the
+    /// sampler's number; other streams of the sampler derive from it.
+    pub(crate) seed: u64,
     rng: Xoshiro256,
     drawn: Vec<Sampled>,
     /// Drawn keys whose rows were evicted before their record was read.
@@ -352,7 +420,18 @@ pub(crate) struct Selection {
 
 pub(crate) struct Shared {
     pub(crate) region: TableRegion<Box<dyn MemoryRegion>>,
-    mutex: ShmMutex,
+    /// The lock over the control block (this handle's side of it).
+    lock: TableLock,
+    /// This process's lease on the table; names it as slot owner and lock
+    /// holder.
+    lease: ProcessLease,
+    /// The backing file of a shared table, whose size is checked at every
+    /// lock (a file shrunk under a mapping turns reads into SIGBUS).
+    backing: Option<File>,
+    /// The rate limiter's settings, validated when the table was opened
+    /// (the policy words are written once by the creator; later changes to
+    /// them are corruption and are not read).
+    limiter_config: RateLimiterConfig,
     /// Written only under `mutex`; read without it by samplers drawing
     /// through [`Selector::sample_shared`].
     local: RwLock<Local>,
@@ -362,12 +441,15 @@ pub(crate) struct Shared {
     /// random stream).
     samplers_made: AtomicU64,
     pub(crate) collector: gear_cpu::CpuCollector,
-    me: ProcessId,
     creator: bool,
     max_times_sampled: Option<u64>,
     sample_while_writing: bool,
-    /// Milliseconds since `epoch_start` of this process's last reap scan.
+    /// Milliseconds since `epoch_start` of this process's last full reap
+    /// scan, and of its last background slice.
     last_reap_ms: AtomicU64,
+    last_slice_ms: AtomicU64,
+    /// Next slot the background reap slice checks.
+    reap_cursor: AtomicU64,
     epoch_start: Instant,
 }
 
@@ -385,14 +467,15 @@ impl Drop for Shared {
 
 impl Shared {
     fn open_table(
-        region: TableRegion<Box<dyn MemoryRegion>>,
-        mutex: ShmMutex,
+        opened: Opened,
         mut sampler: Box<dyn Selector>,
         mut remover: Box<dyn Selector>,
         collector_threads: Option<usize>,
-        creator: bool,
+        lock_timeout: Option<Duration>,
     ) -> Result<ReplayTable> {
+        let Opened { region, lease, backing, creator } = opened;
         let capacity = region.spec().capacity();
+        let limiter_config = read_limiter(region.control())?;
         sampler.prepare(capacity)?;
         remover.prepare(capacity)?;
         // A draw of zero rows answers whether the strategy draws through a
@@ -401,7 +484,6 @@ impl Shared {
         let shared_draws = sampler.sample_shared(0, &mut Xoshiro256::seed_from_u64(0), &mut Vec::new()).is_some();
         let p = &region.control().policy;
         let seed = p[policy::SEED].load(Ordering::Relaxed);
-        let me = ProcessId::current();
         let local = Local {
             sampler,
             remover,
@@ -409,7 +491,7 @@ impl Shared {
             in_remover: vec![None; capacity as usize],
             applied: 0,
             rebuild_epoch: 0,
-            rng: Xoshiro256::seed_from_u64(seed ^ if creator { 0 } else { me.0.rotate_left(17) }),
+            rng: Xoshiro256::seed_from_u64(seed ^ process_salt(creator, &lease)),
             scratch: Vec::new(),
         };
         let collector = match collector_threads {
@@ -420,54 +502,111 @@ impl Shared {
         let flags = p[policy::FLAGS].load(Ordering::Relaxed);
         let shared = Shared {
             region,
-            mutex,
+            lock: TableLock::new(),
+            lease,
+            backing,
+            limiter_config,
             local: RwLock::new(local),
             shared_draws,
             samplers_made: AtomicU64::new(0),
             collector,
-            me,
             creator,
             max_times_sampled: (max > 0).then_some(max),
             sample_while_writing: flags & policy::FLAG_SAMPLE_WHILE_WRITING != 0,
             last_reap_ms: AtomicU64::new(0),
+            last_slice_ms: AtomicU64::new(0),
+            reap_cursor: AtomicU64::new(0),
             epoch_start: Instant::now(),
         };
         if !creator {
             // Start from the slot records, then follow the log.
-            let mut l = shared.lock()?;
+            let mut l = shared.lock(lock_timeout.map(|t| Instant::now() + t))?;
             l.rebuild();
         }
         Ok(ReplayTable { shared: Arc::new(shared) })
     }
 
-    fn lock(&self) -> Result<Locked<'_>> {
-        let (guard, state) = self.mutex.lock()?;
-        Ok(self.write_in_step(guard, state))
+    /// The table lock (waiting at most until `deadline`), with this
+    /// process's mirrors in step.
+    fn lock(&self, deadline: Option<Instant>) -> Result<Locked<'_>> {
+        let (guard, state) = self.lock_shared(deadline)?;
+        self.write_in_step(guard, state)
     }
 
-    /// With the mutex held: the write lock on the mirrors, after repairing
-    /// what a dead lock holder left and applying the log.
-    fn write_in_step<'a>(&'a self, guard: ShmMutexGuard<'a>, state: LockState) -> Locked<'a> {
+    /// Takes the shared lock and checks the backing file.
+    fn lock_shared(&self, deadline: Option<Instant>) -> Result<(TableLockGuard<'_>, LockState)> {
+        let ctl = self.region.control();
+        let (guard, state) = self.lock.lock(ctl, &self.lease, deadline).map_err(|t| Error::Timeout {
+            op: "take the table lock",
+            waited: t.waited,
+            holder: Some(if t.holder == 0 {
+                "another thread of this process".to_owned()
+            } else {
+                ProcessLease::describe(t.holder, ctl)
+            }),
+        })?;
+        self.check_backing()?;
+        Ok((guard, state))
+    }
+
+    /// Refuses to go on when the backing file is shorter than the mapping:
+    /// another process truncated it, and touching the missing pages would
+    /// kill this process with SIGBUS.
+    fn check_backing(&self) -> Result<()> {
+        let Some(file) = &self.backing else { return Ok(()) };
+        let mapped = self.region.region().len();
+        match file.metadata() {
+            Ok(m) if m.len() < mapped => Err(Error::Corrupted(format!(
+                "its file `{}` shrank from {mapped} to {} bytes (another process truncated it); \
+                 the table cannot be used safely any more",
+                self.region.region().name().unwrap_or("?"),
+                m.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// With the lock held: the write lock on the mirrors, after repairing
+    /// what a dead lock holder left and applying the log; reclaims a slice
+    /// of dead writers' slots when it is time.
+    fn write_in_step<'a>(&'a self, guard: TableLockGuard<'a>, state: LockState) -> Result<Locked<'a>> {
         let mut l = Locked { sh: self, guard, local: self.local.write() };
         if state == LockState::OwnerDied {
             l.repair();
+            // Writers (and the holder itself) may have died with it.
+            l.reap(0..self.region.spec().capacity())?;
         }
         l.sync();
-        l
+        l.maybe_reap_slice()?;
+        Ok(l)
     }
 
-    /// The shared mutex and a read view of mirrors in step with the log.
+    /// The shared lock and a read view of mirrors in step with the log.
     /// Threads of this process holding read views draw at the same time;
     /// the write lock is taken only when there are changes to apply.
-    fn lock_read(&self) -> Result<(ShmMutexGuard<'_>, RwLockReadGuard<'_, Local>)> {
-        let (guard, state) = self.mutex.lock()?;
-        if state != LockState::OwnerDied {
+    fn lock_read(&self, deadline: Option<Instant>) -> Result<(TableLockGuard<'_>, RwLockReadGuard<'_, Local>)> {
+        let (guard, state) = self.lock_shared(deadline)?;
+        if state != LockState::OwnerDied && !self.reap_slice_due() {
             let local = self.local.read();
             if local.in_step_with(self.region.control()) {
                 return Ok((guard, local));
             }
         }
-        Ok(self.write_in_step(guard, state).downgrade())
+        Ok(self.write_in_step(guard, state)?.downgrade())
+    }
+
+    /// Milliseconds since this handle was opened (at least 1).
+    fn now_ms(&self) -> u64 {
+        (self.epoch_start.elapsed().as_millis() as u64).max(1)
+    }
+
+    /// Whether a background reap slice is due: writers are active and the
+    /// last slice is old enough.
+    fn reap_slice_due(&self) -> bool {
+        let ctl = self.region.control();
+        let busy = ctl.pending_inserts.load(Ordering::Relaxed) > 0 || self.max_times_sampled.is_some();
+        busy && self.now_ms().saturating_sub(self.last_slice_ms.load(Ordering::Relaxed))
+            >= REAP_SLICE_INTERVAL.as_millis() as u64
     }
 
     fn ctl(&self) -> &ControlBlock {
@@ -476,13 +615,7 @@ impl Shared {
 
     fn limiter(&self) -> RateLimiter {
         let ctl = self.ctl();
-        let p = &ctl.policy;
-        let mut rl = RateLimiter::new(RateLimiterConfig {
-            samples_per_insert: f64::from_bits(p[policy::SPI].load(Ordering::Relaxed)),
-            min_size_to_sample: p[policy::MIN_SIZE].load(Ordering::Relaxed),
-            min_diff: f64::from_bits(p[policy::MIN_DIFF].load(Ordering::Relaxed)),
-            max_diff: f64::from_bits(p[policy::MAX_DIFF].load(Ordering::Relaxed)),
-        });
+        let mut rl = RateLimiter::new(self.limiter_config);
         rl.inserts = ctl.inserts.load(Ordering::Relaxed);
         rl.samples = ctl.samples.load(Ordering::Relaxed);
         rl
@@ -500,15 +633,41 @@ impl Shared {
     }
 }
 
-/// The shared mutex and this process's mirrors, held together.
+/// The rate limiter's settings from the policy words, validated: a
+/// corrupted word is refused here rather than met as a wait that never ends.
+fn read_limiter(ctl: &ControlBlock) -> Result<RateLimiterConfig> {
+    let p = &ctl.policy;
+    RateLimiterConfig {
+        samples_per_insert: f64::from_bits(p[policy::SPI].load(Ordering::Relaxed)),
+        min_size_to_sample: p[policy::MIN_SIZE].load(Ordering::Relaxed),
+        min_diff: f64::from_bits(p[policy::MIN_DIFF].load(Ordering::Relaxed)),
+        max_diff: f64::from_bits(p[policy::MAX_DIFF].load(Ordering::Relaxed)),
+    }
+    .validated()
+    .map_err(|e| Error::Corrupted(format!("its rate limiter settings are invalid ({e})")))
+}
+
+/// Mixed into a process's random streams so that processes attached to one
+/// seeded table draw differently, yet reproducibly: the creator adds
+/// nothing, an attacher its lease index (the order processes attached in).
+fn process_salt(creator: bool, lease: &ProcessLease) -> u64 {
+    if creator {
+        0
+    } else {
+        (gear_cpu::sync::lease_index(lease.token()) as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03)
+    }
+}
+
+/// The shared lock and this process's mirrors, held together.
 struct Locked<'a> {
     sh: &'a Shared,
-    guard: ShmMutexGuard<'a>,
+    guard: TableLockGuard<'a>,
     local: RwLockWriteGuard<'a, Local>,
 }
 
+/// Adds to a guarded counter (wrapping: a corrupted value must not panic).
 fn add(a: &AtomicU64, v: u64) {
-    a.store(a.load(Ordering::Relaxed) + v, Ordering::Relaxed);
+    a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
 }
 
 fn sub(a: &AtomicU64, v: u64) {
@@ -518,7 +677,7 @@ fn sub(a: &AtomicU64, v: u64) {
 impl<'a> Locked<'a> {
     /// Keeps the mutex and turns the write lock on the mirrors into a read
     /// lock, letting this process's other threads draw.
-    fn downgrade(self) -> (ShmMutexGuard<'a>, RwLockReadGuard<'a, Local>) {
+    fn downgrade(self) -> (TableLockGuard<'a>, RwLockReadGuard<'a, Local>) {
         (self.guard, RwLockWriteGuard::downgrade(self.local))
     }
 
@@ -534,8 +693,8 @@ impl<'a> Locked<'a> {
         let ctl = self.ctl();
         let pending = ctl.pending_inserts.load(Ordering::Relaxed);
         let mut rl = self.limiter();
-        rl.inserts += pending;
-        rl.can_insert(ctl.size.load(Ordering::Relaxed) + pending)
+        rl.inserts = rl.inserts.saturating_add(pending);
+        rl.can_insert(ctl.size.load(Ordering::Relaxed).saturating_add(pending))
     }
 
     fn can_sample(&self, n: u64) -> bool {
@@ -588,8 +747,8 @@ impl<'a> Locked<'a> {
         let seq = ctl.log_head.load(Ordering::Relaxed);
         let log = self.sh.region.log();
         log[(seq % log.len() as u64) as usize].store(seq, c);
-        ctl.log_head.store(seq + 1, Ordering::Relaxed);
-        self.local.applied = seq + 1;
+        ctl.log_head.store(seq.wrapping_add(1), Ordering::Relaxed);
+        self.local.applied = seq.wrapping_add(1);
     }
 
     /// Inserts `key` into this process's sampler (which chooses the
@@ -627,7 +786,7 @@ impl<'a> Locked<'a> {
             let seq = self.local.applied;
             let change = self.sh.region.log()[(seq % ring) as usize].load(seq);
             match change.map(|c| self.apply(c)) {
-                Some(Ok(())) => self.local.applied = seq + 1,
+                Some(Ok(())) => self.local.applied = seq.wrapping_add(1),
                 _ => return self.rebuild(),
             }
         }
@@ -697,15 +856,37 @@ impl<'a> Locked<'a> {
         self.rebuild();
     }
 
+    /// Takes a slot off the free list. An entry that is out of range or
+    /// names a slot that is not free (a corrupted list) makes the shared
+    /// state be rebuilt from the slot records first.
     fn pop_free(&mut self) -> Option<u32> {
-        let ctl = self.sh.region.control();
-        let n = ctl.free_len.load(Ordering::Relaxed);
-        let n = n.min(self.sh.region.spec().capacity());
-        if n == 0 {
-            return None;
+        for _ in 0..2 {
+            match self.try_pop_free() {
+                Ok(slot) => return slot,
+                Err(()) => self.repair(),
+            }
         }
-        ctl.free_len.store(n - 1, Ordering::Relaxed);
-        Some(self.sh.region.free_list()[(n - 1) as usize].load(Ordering::Relaxed))
+        None
+    }
+
+    fn try_pop_free(&mut self) -> std::result::Result<Option<u32>, ()> {
+        let sh = self.sh;
+        let ctl = sh.region.control();
+        let n = ctl.free_len.load(Ordering::Relaxed);
+        if n > sh.region.spec().capacity() {
+            return Err(());
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let slot = sh.region.free_list()[(n - 1) as usize].load(Ordering::Relaxed);
+        match sh.region.slots().get(slot as usize) {
+            Some(rec) if rec.key_state(slot).1 == SlotState::Free => {
+                ctl.free_len.store(n - 1, Ordering::Relaxed);
+                Ok(Some(slot))
+            }
+            _ => Err(()),
+        }
     }
 
     fn push_free(&mut self, slot: u32) {
@@ -717,21 +898,25 @@ impl<'a> Locked<'a> {
         }
     }
 
-    /// Reclaims slots of dead writers and of dead samplers' retirements.
+    /// Reclaims slots of dead writers and of dead samplers' retirements
+    /// among `slots`. A slot whose owner token names no live process (an
+    /// owner of 0 included: no correct writer leaves one) is dead.
     /// Returns how many slots changed.
-    fn reap(&mut self) -> Result<u64> {
+    fn reap(&mut self, slots: std::ops::Range<u64>) -> Result<u64> {
         let sh = self.sh;
+        let ctl = sh.region.control();
         let mut alive: Vec<(u64, bool)> = Vec::new();
         let mut is_alive = |owner: u64| -> bool {
             if let Some(&(_, a)) = alive.iter().find(|(o, _)| *o == owner) {
                 return a;
             }
-            let a = owner == 0 || ProcessId(owner).is_alive();
+            let a = u32::try_from(owner).is_ok_and(|t| sh.lease.is_alive(t, ctl));
             alive.push((owner, a));
             a
         };
         let mut changed = 0;
-        for s in 0..sh.region.spec().capacity() as u32 {
+        let end = slots.end.min(sh.region.spec().capacity());
+        for s in slots.start.min(end) as u32..end as u32 {
             let m = sh.region.slots()[s as usize].meta(s);
             match m.state {
                 SlotState::Writing if !is_alive(m.owner) => {
@@ -778,15 +963,34 @@ impl<'a> Locked<'a> {
         Ok(())
     }
 
-    fn maybe_reap(&mut self) -> Result<()> {
+    /// A full scan for dead writers, at most once per [`REAP_INTERVAL`]
+    /// per process. Returns the slots reclaimed.
+    fn maybe_reap(&mut self) -> Result<u64> {
         let sh = self.sh;
-        let now = sh.epoch_start.elapsed().as_millis() as u64;
+        let now = sh.now_ms();
         let last = sh.last_reap_ms.load(Ordering::Relaxed);
         if last != 0 && now.saturating_sub(last) < REAP_INTERVAL.as_millis() as u64 {
+            return Ok(0);
+        }
+        sh.last_reap_ms.store(now, Ordering::Relaxed);
+        self.reap(0..sh.region.spec().capacity())
+    }
+
+    /// The background reclamation every process does while it uses the
+    /// table: every [`REAP_SLICE_INTERVAL`], the next [`REAP_SLICE`] slots,
+    /// so a table nobody calls `reclaim_dead` on still gets its dead
+    /// writers' slots back, at a cost that does not grow with capacity.
+    fn maybe_reap_slice(&mut self) -> Result<()> {
+        let sh = self.sh;
+        if !sh.reap_slice_due() {
             return Ok(());
         }
-        sh.last_reap_ms.store(now.max(1), Ordering::Relaxed);
-        self.reap().map(|_| ())
+        sh.last_slice_ms.store(sh.now_ms(), Ordering::Relaxed);
+        let capacity = sh.region.spec().capacity();
+        let start = sh.reap_cursor.load(Ordering::Relaxed) % capacity;
+        let end = (start + REAP_SLICE).min(capacity);
+        sh.reap_cursor.store(if end == capacity { 0 } else { end }, Ordering::Relaxed);
+        self.reap(start..end).map(|_| ())
     }
 }
 
@@ -869,7 +1073,9 @@ impl ReplayTable {
     /// `options.dir`) that another process created. The attached handle
     /// writes, samples and updates priorities like the creator's.
     pub fn attach(name: &str, options: AttachOptions) -> Result<ReplayTable> {
-        let pool: Box<dyn MemoryRegion> = Box::new(gear_cpu::ShmPool::open(name, options.dir.as_deref())?);
+        let pool = gear_cpu::ShmPool::open(name, options.dir.as_deref())?;
+        let file = pool.file()?;
+        let pool: Box<dyn MemoryRegion> = Box::new(pool);
         let region = TableRegion::open(pool, options.expected.as_ref()).map_err(|e| match e {
             gear_core::Error::Decode(m) => gear_core::Error::Decode(format!("shared memory `{name}`: {m}")),
             other => other,
@@ -878,7 +1084,8 @@ impl ReplayTable {
         if ctl.closed.load(Ordering::Acquire) != 0 {
             return Err(Error::Closed);
         }
-        if !ProcessId(ctl.server.load(Ordering::Relaxed)).is_alive() {
+        let server = u32::try_from(ctl.server.load(Ordering::Relaxed)).unwrap_or(0);
+        if !token_alive(&file, server, ctl) {
             return Err(Error::ServerGone { name: name.to_owned() });
         }
         let p = &ctl.policy;
@@ -901,11 +1108,9 @@ impl ReplayTable {
         };
         let sampler = strategy(options.sampler, policy::SAMPLER_KIND, "sampling")?;
         let remover = strategy(options.remover, policy::REMOVER_KIND, "eviction")?;
-        // SAFETY: the creator initialised the mutex before marking the
-        // region ready (TableRegion::open checked `ready`), and the mutex
-        // lives as long as `region`, which the table owns with it.
-        let mutex = unsafe { ShmMutex::from_raw(ctl.mutex_ptr()) };
-        Shared::open_table(region, mutex, sampler, remover, options.collector_threads, false)
+        let lease = ProcessLease::acquire(file.try_clone().map_err(lease_io)?, ctl)?;
+        let opened = Opened { region, lease, backing: Some(file), creator: false };
+        Shared::open_table(opened, sampler, remover, options.collector_threads, options.timeout)
     }
 
     /// The table's spec.
@@ -935,7 +1140,7 @@ impl ReplayTable {
 
     /// Counters and rate-limiter state.
     pub fn info(&self) -> Result<TableInfo> {
-        let l = self.shared.lock()?;
+        let l = self.shared.lock(None)?;
         let ctl = l.ctl();
         let rl = l.limiter();
         let ns = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
@@ -981,7 +1186,7 @@ impl ReplayTable {
     /// its slot freed if it published none. Runs on its own from time to
     /// time; call it to force a scan. Returns the slots reclaimed.
     pub fn reclaim_dead(&self) -> Result<u64> {
-        self.shared.lock()?.reap()
+        self.shared.lock(None)?.reap(0..self.spec().capacity())
     }
 
     /// Updates priorities by key; keys whose trajectory was evicted or
@@ -993,7 +1198,7 @@ impl ReplayTable {
         for &(_, p) in updates {
             check_priority(p)?;
         }
-        let mut l = self.shared.lock()?;
+        let mut l = self.shared.lock(None)?;
         let mut applied = 0;
         for &(key, p) in updates {
             let Some(slot) = l.local.in_sampler.get(key.slot as usize) else { continue };
@@ -1014,7 +1219,7 @@ impl ReplayTable {
     fn wait_until<'a>(
         &'a self,
         mut l: Locked<'a>,
-        timeout: Option<Duration>,
+        deadline: Option<Instant>,
         op: &'static str,
         ready: impl Fn(&Locked<'_>) -> bool,
         waited: fn(&ControlBlock) -> &AtomicU64,
@@ -1025,7 +1230,6 @@ impl ReplayTable {
             return Ok(l);
         }
         let start = Instant::now();
-        let deadline = timeout.map(|t| start + t);
         let result = loop {
             if ctl.closed.load(Ordering::Acquire) != 0 {
                 break Err(Error::Closed);
@@ -1033,7 +1237,8 @@ impl ReplayTable {
             if ready(&l) {
                 break Ok(());
             }
-            if !sh.creator && !ProcessId(ctl.server.load(Ordering::Relaxed)).is_alive() {
+            let server = u32::try_from(ctl.server.load(Ordering::Relaxed)).unwrap_or(0);
+            if !sh.creator && !sh.lease.is_alive(server, ctl) {
                 break Err(Error::ServerGone { name: self.name().unwrap_or("?").to_owned() });
             }
             l.maybe_reap()?;
@@ -1042,7 +1247,7 @@ impl ReplayTable {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                break Err(Error::Timeout { op, waited: start.elapsed() });
+                break Err(Error::Timeout { op, waited: start.elapsed(), holder: None });
             }
             let slice = deadline.map_or(WAIT_SLICE, |d| (d - now).min(WAIT_SLICE));
             let seen = ctl.epoch.load(Ordering::Acquire);
@@ -1050,7 +1255,14 @@ impl ReplayTable {
             drop(l);
             futex_wait(&ctl.epoch, seen, Some(slice));
             ctl.waiters.fetch_sub(1, Ordering::AcqRel);
-            l = sh.lock()?;
+            let relocked = sh.lock(deadline);
+            l = match relocked {
+                Ok(l) => l,
+                Err(e) => {
+                    waited(ctl).fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    return Err(e);
+                }
+            };
         };
         let ns = start.elapsed().as_nanos() as u64;
         if ns > 1000 {
@@ -1062,8 +1274,9 @@ impl ReplayTable {
     /// Admits one writer (rate limiter) and hands it a slot in `Writing`
     /// state, evicting with the remover when no slot is free.
     pub(crate) fn begin_slot(&self, priority: f64, timeout: Option<Duration>) -> Result<SlotKey> {
-        let l = self.shared.lock()?;
-        let mut l = self.wait_until(l, timeout, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let l = self.shared.lock(deadline)?;
+        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
         self.take_slot(&mut l, priority)
     }
 
@@ -1083,8 +1296,9 @@ impl ReplayTable {
         if count == 0 {
             return Ok(Vec::new());
         }
-        let l = self.shared.lock()?;
-        let mut l = self.wait_until(l, timeout, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let l = self.shared.lock(deadline)?;
+        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
         let mut keys = Vec::with_capacity(count);
         keys.push(self.take_slot(&mut l, priority(0))?);
         for i in 1..count {
@@ -1112,13 +1326,20 @@ impl ReplayTable {
     /// Hands out a slot in `Writing` state to a writer the rate limiter
     /// admitted, evicting with the remover when no slot is free.
     fn take_slot(&self, l: &mut Locked<'_>, priority: f64) -> Result<SlotKey> {
-        let slot = match l.pop_free() {
+        // No free slot: dead writers' slots come back before anything
+        // committed is evicted (a full scan, at most every REAP_INTERVAL).
+        let mut slot = l.pop_free();
+        if slot.is_none() && l.ctl().pending_inserts.load(Ordering::Relaxed) > 0 && l.maybe_reap()? > 0 {
+            slot = l.pop_free();
+        }
+        let slot = match slot {
             Some(slot) => slot,
             None => match self.evict_one(l)? {
                 Some(slot) => slot,
                 None => {
-                    // Nothing committed to evict: maybe dead writers hold slots.
-                    l.reap()?;
+                    // Nothing committed to evict: dead writers may hold the
+                    // slots; scan now, whenever the last scan was.
+                    l.reap(0..self.spec().capacity())?;
                     match l.pop_free() {
                         Some(slot) => slot,
                         None => {
@@ -1130,15 +1351,15 @@ impl ReplayTable {
         };
         let ctl = self.shared.region.control();
         let seq = ctl.next_seq.load(Ordering::Relaxed);
-        let rec = &self.shared.region.slots()[slot as usize];
-        let key = match rec.begin_write(slot, self.shared.me.0, seq, priority) {
+        let rec = self.shared.region.slot(slot)?;
+        let key = match rec.begin_write(slot, u64::from(self.shared.lease.token()), seq, priority) {
             Ok(key) => key,
             Err(e) => {
                 l.push_free(slot);
                 return Err(e.into());
             }
         };
-        ctl.next_seq.store(seq + 1, Ordering::Relaxed);
+        ctl.next_seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         add(&ctl.pending_inserts, 1);
         Ok(key)
     }
@@ -1150,8 +1371,13 @@ impl ReplayTable {
         let Local { remover, rng, scratch, .. } = &mut *l.local;
         scratch.clear();
         remover.sample(1, rng, scratch)?;
-        let victim = scratch[0].key;
-        let in_sampler = l.local.in_sampler[victim.slot as usize] == Some(victim);
+        let Some(victim) = scratch.first().map(|s| s.key) else {
+            return Err(strategy_error(remover.name(), "drew no row to evict from a non-empty strategy"));
+        };
+        let Some(&held) = l.local.in_sampler.get(victim.slot as usize) else {
+            return Err(not_stored(l.local.remover.name(), victim));
+        };
+        let in_sampler = held == Some(victim);
         let target = if in_sampler { target::BOTH } else { target::REMOVER };
         l.record(Change { key: victim, op: LogOp::Remove, target, priority: 0.0 })?;
         self.shared.region.slot(victim.slot)?.free(victim)?;
@@ -1170,7 +1396,7 @@ impl ReplayTable {
         if !self.shared.sample_while_writing {
             return Ok(None);
         }
-        let mut l = self.shared.lock()?;
+        let mut l = self.shared.lock(None)?;
         let rec = self.shared.region.slot(key.slot)?;
         rec.check(key, SlotState::Writing, "publish steps")?;
         if l.local.in_sampler[key.slot as usize] == Some(key) {
@@ -1187,7 +1413,7 @@ impl ReplayTable {
     /// Commits a written trajectory and makes it selectable. On any error
     /// the slot is given back, so nothing is left half-inserted.
     pub(crate) fn commit_slot(&self, key: SlotKey, priority: Option<f64>) -> Result<()> {
-        let mut l = self.shared.lock()?;
+        let mut l = self.shared.lock(None)?;
         let result = self.commit_locked(&mut l, key, priority);
         l.wake();
         result
@@ -1197,7 +1423,7 @@ impl ReplayTable {
     /// in order. At the first that fails, it and every later one are given
     /// back and the error is returned: what precedes it stays committed.
     pub(crate) fn commit_slots(&self, keys: &[SlotKey], priorities: Option<&[f64]>) -> Result<()> {
-        let mut l = match self.shared.lock() {
+        let mut l = match self.shared.lock(None) {
             Ok(l) => l,
             Err(e) => {
                 for &key in keys {
@@ -1260,7 +1486,7 @@ impl ReplayTable {
 
     /// Frees a slot whose writer gave up (dropped without ending).
     pub(crate) fn abandon_slot(&self, key: SlotKey) {
-        let Ok(mut l) = self.shared.lock() else { return };
+        let Ok(mut l) = self.shared.lock(None) else { return };
         self.abandon_locked(&mut l, key);
         l.wake();
     }
@@ -1287,9 +1513,10 @@ impl ReplayTable {
     pub(crate) fn selection(&self) -> Selection {
         let sh = &*self.shared;
         let n = sh.samplers_made.fetch_add(1, Ordering::Relaxed);
-        let process = if sh.creator { 0 } else { sh.me.0.rotate_left(17) };
+        let seed = self.seed() ^ process_salt(sh.creator, &sh.lease) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         Selection {
-            rng: Xoshiro256::seed_from_u64(self.seed() ^ process ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            seed,
+            rng: Xoshiro256::seed_from_u64(seed),
             drawn: Vec::new(),
             stale: Vec::new(),
             retiring: Vec::new(),
@@ -1308,51 +1535,60 @@ impl ReplayTable {
         Ok(())
     }
 
-    /// Waits (with `l` released meanwhile) until `n` rows may be drawn:
-    /// the rate limiter admits them when `count_against_limiter`, else the
-    /// sampler holds something.
+    /// Waits (with `l` released meanwhile, at most until `deadline`) until
+    /// `n` rows may be drawn: the rate limiter admits them when
+    /// `count_against_limiter`, else the sampler holds something (a redraw
+    /// of rows evicted under a batch waits for the table to refill rather
+    /// than fail while the caller's time lasts).
     fn admit<'a>(
         &'a self,
         l: Locked<'a>,
         n: usize,
-        timeout: Option<Duration>,
+        deadline: Option<Instant>,
         count_against_limiter: bool,
     ) -> Result<Locked<'a>> {
         if count_against_limiter {
             self.check_batch(n)?;
             self.wait_until(
                 l,
-                timeout,
+                deadline,
                 "sample (empty table or rate limiter)",
                 |l| l.can_sample(n as u64),
                 |c| &c.sample_wait_ns,
             )
-        } else if l.local.sampler.is_empty() {
-            Err(Error::Core(gear_core::Error::Empty("table holds no trajectory".into())))
         } else {
-            Ok(l)
+            self.wait_until(
+                l,
+                deadline,
+                "sample (table emptied while a batch was redrawn)",
+                |l| !l.local.sampler.is_empty(),
+                |c| &c.sample_wait_ns,
+            )
         }
     }
 
-    /// Waits for the rate limiter, draws `n` rows and appends to `out`, for
-    /// each, its key, probability, weight and published length. Rows that
-    /// reached `max_times_sampled` are taken out of the strategies and
-    /// listed in `sel.retiring`; the caller frees them after copying.
+    /// Waits for the rate limiter (at most until `deadline`), draws `n`
+    /// rows and appends to `out`, for each, its key, probability, weight
+    /// and published length. Rows that reached `max_times_sampled` are
+    /// taken out of the strategies and listed in `sel.retiring`; the caller
+    /// frees them after copying. Keys the strategy returns are checked: one
+    /// outside the table is an error, not a panic.
     pub(crate) fn select(
         &self,
         n: usize,
-        timeout: Option<Duration>,
+        deadline: Option<Instant>,
         count_against_limiter: bool,
         sel: &mut Selection,
         out: &mut Vec<(Sampled, u64)>,
     ) -> Result<()> {
         let sh = &*self.shared;
         if sh.shared_draws && sh.max_times_sampled.is_none() {
-            return self.select_shared(n, timeout, count_against_limiter, sel, out);
+            return self.select_shared(n, deadline, count_against_limiter, sel, out);
         }
-        let mut l = self.admit(sh.lock()?, n, timeout, count_against_limiter)?;
+        let mut l = self.admit(sh.lock(deadline)?, n, deadline, count_against_limiter)?;
         sel.drawn.clear();
         l.local.sampler.sample(n, &mut sel.rng, &mut sel.drawn)?;
+        check_drawn(l.local.sampler.name(), n, &sel.drawn, sh.region.spec().capacity())?;
         prefetch_records(sh, &sel.drawn);
         let ctl = sh.region.control();
         for s in &sel.drawn {
@@ -1363,7 +1599,10 @@ impl ReplayTable {
             out.push((*s, len));
             let times = rec.add_sampled();
             if let Some(max) = sh.max_times_sampled {
-                if times >= max && !sel.retiring.contains(&s.key) && rec.retire(s.key, sh.me.0).is_ok() {
+                if times >= max
+                    && !sel.retiring.contains(&s.key)
+                    && rec.retire(s.key, u64::from(sh.lease.token())).is_ok()
+                {
                     l.record(Change { key: s.key, op: LogOp::Remove, target: target::BOTH, priority: 0.0 })?;
                     sub(&ctl.size, 1);
                     sel.retiring.push(s.key);
@@ -1378,7 +1617,7 @@ impl ReplayTable {
     }
 
     /// [`ReplayTable::select`] for strategies that draw through a shared
-    /// reference, without `max_times_sampled`: the mutex is held only to
+    /// reference, without `max_times_sampled`: the lock is held only to
     /// admit the batch and count it; the draw runs under a read lock on this
     /// process's mirrors, so several threads draw at once, and the slot
     /// records are read under no lock at all. A row evicted between the
@@ -1386,7 +1625,7 @@ impl ReplayTable {
     fn select_shared(
         &self,
         n: usize,
-        timeout: Option<Duration>,
+        deadline: Option<Instant>,
         count_against_limiter: bool,
         sel: &mut Selection,
         out: &mut Vec<(Sampled, u64)>,
@@ -1394,7 +1633,7 @@ impl ReplayTable {
         let sh = &*self.shared;
         let (mut want, mut count) = (n, count_against_limiter);
         for _ in 0..STALE_DRAW_ATTEMPTS {
-            self.draw_shared(want, timeout, count, sel)?;
+            self.draw_shared(want, deadline, count, sel)?;
             prefetch_records(sh, &sel.drawn);
             sel.stale.clear();
             for s in &sel.drawn {
@@ -1419,11 +1658,13 @@ impl ReplayTable {
 
     /// Admits `n` rows (counting them against the rate limiter when asked)
     /// and draws them into `sel.drawn` under a read lock on the mirrors.
-    fn draw_shared(&self, n: usize, timeout: Option<Duration>, count: bool, sel: &mut Selection) -> Result<()> {
+    fn draw_shared(&self, n: usize, deadline: Option<Instant>, count: bool, sel: &mut Selection) -> Result<()> {
         let sh = &*self.shared;
-        let (guard, local) = sh.lock_read()?;
-        let ready = if count {
+        if count {
             self.check_batch(n)?;
+        }
+        let (guard, local) = sh.lock_read(deadline)?;
+        let ready = if count {
             sh.ctl().closed.load(Ordering::Acquire) == 0 && sh.can_sample(n as u64)
         } else {
             !local.sampler.is_empty()
@@ -1432,7 +1673,7 @@ impl ReplayTable {
             (guard, local)
         } else {
             drop((guard, local));
-            self.admit(sh.lock()?, n, timeout, count)?.downgrade()
+            self.admit(sh.lock(deadline)?, n, deadline, count)?.downgrade()
         };
         if count {
             // `can_sample` or `admit` said the batch fits.
@@ -1441,21 +1682,26 @@ impl ReplayTable {
         sh.wake();
         drop(guard);
         sel.drawn.clear();
-        let drawn = local.sampler.sample_shared(n, &mut sel.rng, &mut sel.drawn).unwrap_or_else(|| {
-            Err(gear_core::Error::Selection(format!(
-                "strategy `{}` drew 0 rows through a shared reference but refuses to draw {n}",
-                local.sampler.name()
-            )))
-        });
+        let drawn = local
+            .sampler
+            .sample_shared(n, &mut sel.rng, &mut sel.drawn)
+            .unwrap_or_else(|| {
+                Err(gear_core::Error::Selection(format!(
+                    "strategy `{}` drew 0 rows through a shared reference but refuses to draw {n}",
+                    local.sampler.name()
+                )))
+            })
+            .map_err(Error::from)
+            .and_then(|()| check_drawn(local.sampler.name(), n, &sel.drawn, sh.region.spec().capacity()));
         drop(local);
         if let Err(e) = drawn {
             if count {
                 // Nothing was drawn: give the batch back to the limiter.
-                let l = sh.lock()?;
+                let l = sh.lock(None)?;
                 sub(&l.ctl().samples, n as u64);
                 l.wake();
             }
-            return Err(e.into());
+            return Err(e);
         }
         Ok(())
     }
@@ -1466,7 +1712,7 @@ impl ReplayTable {
         if keys.is_empty() {
             return;
         }
-        let Ok(mut l) = self.shared.lock() else { return };
+        let Ok(mut l) = self.shared.lock(None) else { return };
         for &key in keys {
             if let Ok(rec) = self.shared.region.slot(key.slot) {
                 if rec.free(key).is_ok() {
@@ -1487,6 +1733,23 @@ fn prefetch_records(sh: &Shared, drawn: &[Sampled]) {
         if let Some(rec) = slots.get(s.key.slot as usize) {
             gear_core::hint::prefetch(rec);
         }
+    }
+}
+
+/// A strategy misbehaved (strategies are user code: the table checks
+/// what they return).
+fn strategy_error(strategy: &str, what: &str) -> Error {
+    Error::Core(gear_core::Error::Selection(format!("strategy `{strategy}` {what}")))
+}
+
+/// Checks what a strategy drew: `n` rows, every slot inside the table.
+fn check_drawn(strategy: &str, n: usize, drawn: &[Sampled], capacity: u64) -> Result<()> {
+    if drawn.len() != n {
+        return Err(strategy_error(strategy, &format!("drew {} rows when asked for {n}", drawn.len())));
+    }
+    match drawn.iter().find(|s| u64::from(s.key.slot) >= capacity) {
+        Some(s) => Err(strategy_error(strategy, &format!("returned key {} beyond the {capacity} slots", s.key))),
+        None => Ok(()),
     }
 }
 

@@ -156,6 +156,13 @@ impl Writer {
         if steps == 0 {
             return Err(Error::Trajectory("an empty trajectory cannot be committed".into()));
         }
+        if count as u64 > spec.capacity() {
+            return Err(Error::Trajectory(format!(
+                "a batch of {count} trajectories does not fit a table of {} slots: later ones would evict \
+                 earlier ones of the same call",
+                spec.capacity()
+            )));
+        }
         if steps > spec.max_len() {
             return Err(gear_core::Error::TrajectoryTooLong {
                 column: spec.columns()[0].name().into(),

@@ -119,13 +119,20 @@ fn no_priorities_lets_the_strategy_choose_and_one_step_items_work() {
 fn a_full_table_evicts_as_single_inserts_would() {
     let table = ReplayTable::builder(spec(4)).build().unwrap();
     let batch = Batch::new(0..10, 2);
-    let keys = table.writer().insert_batch(10, 2, &batch.values(), None).unwrap();
+    let mut keys = table.writer().insert_batch(4, 2, &Batch::new(0..4, 2).values(), None).unwrap();
+    keys.extend(table.writer().insert_batch(3, 2, &Batch::new(4..7, 2).values(), None).unwrap());
+    keys.extend(table.writer().insert_batch(3, 2, &Batch::new(7..10, 2).values(), None).unwrap());
     let info = table.info().unwrap();
     assert_eq!((info.size, info.inserts, info.evictions), (4, 10, 6));
     // FIFO eviction keeps the last four.
     let ids: HashMap<SlotKey, u8> = keys[6..].iter().copied().zip(6..10).collect();
     let seen = check_rows(&table, &ids, 2, 200);
     assert_eq!(seen.len(), 4, "{seen:?}");
+    // A batch larger than the table would evict its own first rows: refused
+    // whole, and nothing stored is touched.
+    let e = table.writer().insert_batch(10, 2, &batch.values(), None).unwrap_err();
+    assert!(e.to_string().contains("does not fit a table of 4 slots"), "{e}");
+    assert_eq!(table.info().unwrap().inserts, 10);
 }
 
 fn same_contents(a: &TableInfo, b: &TableInfo) {
@@ -190,13 +197,13 @@ fn the_rate_limiter_admits_what_it_can_and_a_timeout_keeps_what_was_committed() 
             let _ = s.sample();
         }
     });
-    let many = Batch::new(0..40, 1);
+    let many = Batch::new(0..16, 1);
     let w = table.writer().with_timeout(Duration::from_secs(20));
-    let keys = w.insert_batch(40, 1, &many.values(), None).unwrap();
+    let keys = w.insert_batch(16, 1, &many.values(), None).unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drain.join().unwrap();
-    assert_eq!(keys.len(), 40);
-    assert_eq!(table.info().unwrap().inserts, 43);
+    assert_eq!(keys.len(), 16);
+    assert_eq!(table.info().unwrap().inserts, 19);
 }
 
 /// Uniform selection that refuses items of priority 13 (as a downstream
