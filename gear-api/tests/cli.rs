@@ -138,3 +138,22 @@ fn serve_runs_a_configured_table_and_refuses_a_bad_config() {
     assert!(!ok && err.contains("cannot read config"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn absurd_durations_are_refused_not_panicked_on() {
+    for cmd in ["serve", "demo"] {
+        for value in ["nan", "inf", "1e300", "-1", "0", "soon"] {
+            let flag = format!("--seconds={value}");
+            let args: Vec<&str> =
+                if cmd == "serve" { vec![cmd, "--config", "unused.toml", &flag] } else { vec![cmd, &flag] };
+            let out = Command::new(env!("CARGO_BIN_EXE_gear")).args(&args).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            // 2: refused as a usage error; 101 would be a panic, None a signal.
+            assert_eq!(out.status.code(), Some(2), "{cmd} {flag}: {err}");
+            assert!(err.contains("seconds") && !err.contains("panicked"), "{cmd} {flag}: {err}");
+        }
+    }
+    let (ok, _, err) =
+        gear(&["bench", "--batch", "1099511627776", "--inserts", "4", "--capacity", "4", "--steps", "2"]);
+    assert!(!ok && err.contains("batch size 1099511627776 is above the limit") && !err.contains("panicked"), "{err}");
+}

@@ -8,7 +8,8 @@
 //!   whose figures (the memcpy reference above all) mean little.
 //! * `soak [--seconds N]`: the multi-process stress test (4 writer and 2
 //!   sampler processes on one shared table, every sampled row checked) for N
-//!   seconds instead of the test suite's few.
+//!   seconds instead of the test suite's few, then the corrupted-table fuzz
+//!   (`gear-api/tests/corruption.rs`) over thousands of cases.
 //! * `gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]`: packs
 //!   gear-cuda's test and bench binaries into a folder a GPU machine without
 //!   cargo can run (`run.sh`), and runs it when a GPU is present.
@@ -28,7 +29,7 @@ fn main() -> Result<()> {
         Some("help") | Some("--help") | None => {
             println!(
                 "cargo xtask <command>\n\ncommands:\n  bench [--quick] [--runs N]   run gear bench over the standard workloads \
-                 (medians of N runs, default 3), write target/bench.md\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked\n  {}",
+                 (medians of N runs, default 3), write target/bench.md\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked, then the corrupted-table fuzz\n  {}",
                 gpu_test::USAGE
             );
             Ok(())
@@ -204,6 +205,22 @@ fn soak(args: &[String]) -> Result<()> {
         .context("running cargo test")?;
     if !status.success() {
         bail!("the soak failed");
+    }
+    // The corrupted-table fuzz, scaled to the soak's length (CI runs 240
+    // cases; here about 200 a second, 2000 at least), with a seed of its
+    // own each run so that every soak tries new corruptions.
+    let cases = (seconds * 200).max(2000);
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs());
+    eprintln!("xtask soak: {cases} corrupted tables (GEAR_FUZZ_SEED={seed})");
+    let status = Command::new(env!("CARGO"))
+        .args(["test", "--release", "-p", "gear-api", "--test", "corruption", "corrupted", "--", "--nocapture"])
+        .env("GEAR_FUZZ_CASES", cases.to_string())
+        .env("GEAR_FUZZ_SEED", seed.to_string())
+        .current_dir(root())
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("the corrupted-table fuzz failed (rerun with GEAR_FUZZ_SEED={seed})");
     }
     Ok(())
 }
