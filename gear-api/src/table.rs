@@ -80,6 +80,9 @@ const REAP_INTERVAL: Duration = Duration::from_millis(500);
 const REAP_SLICE_INTERVAL: Duration = Duration::from_millis(100);
 /// Slots one background slice checks.
 const REAP_SLICE: u64 = 8192;
+/// Longest a dropped trajectory waits for the lock to give its slot back
+/// before leaving that to the next call that takes the lock.
+const ABANDON_PATIENCE: Duration = Duration::from_millis(200);
 /// How long [`ReplayTable::attach`] waits for the table lock by default.
 const DEFAULT_ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -450,6 +453,10 @@ pub(crate) struct Shared {
     last_slice_ms: AtomicU64,
     /// Next slot the background reap slice checks.
     reap_cursor: AtomicU64,
+    /// Slots of this process's writers that could not be committed or
+    /// given back because the lock was not had in time; the next holder of
+    /// the lock in this process gives them back.
+    give_back: parking_lot::Mutex<Vec<SlotKey>>,
     epoch_start: Instant,
 }
 
@@ -516,6 +523,7 @@ impl Shared {
             last_reap_ms: AtomicU64::new(0),
             last_slice_ms: AtomicU64::new(0),
             reap_cursor: AtomicU64::new(0),
+            give_back: parking_lot::Mutex::new(Vec::new()),
             epoch_start: Instant::now(),
         };
         if !creator {
@@ -577,8 +585,15 @@ impl Shared {
             l.reap(0..self.region.spec().capacity())?;
         }
         l.sync();
+        l.give_back_deferred();
         l.maybe_reap_slice()?;
         Ok(l)
+    }
+
+    /// Leaves `keys` (slots this process is writing) for the next holder of
+    /// the lock to give back.
+    fn give_back_later(&self, keys: &[SlotKey]) {
+        self.give_back.lock().extend_from_slice(keys);
     }
 
     /// The shared lock and a read view of mirrors in step with the log.
@@ -961,6 +976,34 @@ impl<'a> Locked<'a> {
         }
         add(&ctl.inserts, 1);
         Ok(())
+    }
+
+    /// Gives back slots whose commit or abandon could not take the lock.
+    fn give_back_deferred(&mut self) {
+        let keys = std::mem::take(&mut *self.sh.give_back.lock());
+        if keys.is_empty() {
+            return;
+        }
+        for key in keys {
+            self.abandon(key);
+        }
+        self.wake();
+    }
+
+    /// Frees a slot whose writer gave up; the caller wakes waiters.
+    fn abandon(&mut self, key: SlotKey) {
+        let sh = self.sh;
+        let ctl = sh.region.control();
+        if self.local.in_sampler.get(key.slot as usize) == Some(&Some(key)) {
+            let _ = self.record(Change { key, op: LogOp::Remove, target: target::SAMPLER, priority: 0.0 });
+            sub(&ctl.size, 1);
+        }
+        if let Ok(rec) = sh.region.slot(key.slot) {
+            if rec.free(key).is_ok() {
+                self.push_free(key.slot);
+                sub(&ctl.pending_inserts, 1);
+            }
+        }
     }
 
     /// A full scan for dead writers, at most once per [`REAP_INTERVAL`]
@@ -1412,8 +1455,14 @@ impl ReplayTable {
 
     /// Commits a written trajectory and makes it selectable. On any error
     /// the slot is given back, so nothing is left half-inserted.
-    pub(crate) fn commit_slot(&self, key: SlotKey, priority: Option<f64>) -> Result<()> {
-        let mut l = self.shared.lock(None)?;
+    pub(crate) fn commit_slot(&self, key: SlotKey, priority: Option<f64>, timeout: Option<Duration>) -> Result<()> {
+        let mut l = match self.shared.lock(timeout.map(|t| Instant::now() + t)) {
+            Ok(l) => l,
+            Err(e) => {
+                self.shared.give_back_later(&[key]);
+                return Err(e);
+            }
+        };
         let result = self.commit_locked(&mut l, key, priority);
         l.wake();
         result
@@ -1422,13 +1471,16 @@ impl ReplayTable {
     /// [`ReplayTable::commit_slot`] for many trajectories under one lock,
     /// in order. At the first that fails, it and every later one are given
     /// back and the error is returned: what precedes it stays committed.
-    pub(crate) fn commit_slots(&self, keys: &[SlotKey], priorities: Option<&[f64]>) -> Result<()> {
-        let mut l = match self.shared.lock(None) {
+    pub(crate) fn commit_slots(
+        &self,
+        keys: &[SlotKey],
+        priorities: Option<&[f64]>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let mut l = match self.shared.lock(timeout.map(|t| Instant::now() + t)) {
             Ok(l) => l,
             Err(e) => {
-                for &key in keys {
-                    self.abandon_slot(key);
-                }
+                self.shared.give_back_later(keys);
                 return Err(e);
             }
         };
@@ -1485,26 +1537,23 @@ impl ReplayTable {
     }
 
     /// Frees a slot whose writer gave up (dropped without ending).
+    /// Never blocks longer than [`ABANDON_PATIENCE`]: when the lock
+    /// cannot be had by then (a stopped holder), the slot is given back by
+    /// whichever call of this process takes the lock next.
     pub(crate) fn abandon_slot(&self, key: SlotKey) {
-        let Ok(mut l) = self.shared.lock(None) else { return };
-        self.abandon_locked(&mut l, key);
-        l.wake();
+        match self.shared.lock(Some(Instant::now() + ABANDON_PATIENCE)) {
+            Ok(mut l) => {
+                self.abandon_locked(&mut l, key);
+                l.wake();
+            }
+            Err(_) => self.shared.give_back_later(&[key]),
+        }
     }
 
     /// [`ReplayTable::abandon_slot`] under the lock; the caller wakes
     /// waiters.
     fn abandon_locked(&self, l: &mut Locked<'_>, key: SlotKey) {
-        let ctl = self.shared.region.control();
-        if l.local.in_sampler.get(key.slot as usize) == Some(&Some(key)) {
-            let _ = l.record(Change { key, op: LogOp::Remove, target: target::SAMPLER, priority: 0.0 });
-            sub(&ctl.size, 1);
-        }
-        if let Ok(rec) = self.shared.region.slot(key.slot) {
-            if rec.free(key).is_ok() {
-                l.push_free(key.slot);
-                sub(&ctl.pending_inserts, 1);
-            }
-        }
+        l.abandon(key);
     }
 
     /// A sampler's random stream and buffers for [`ReplayTable::select`]:

@@ -195,7 +195,7 @@ impl Writer {
                 }
                 return Err(e);
             }
-            self.table.commit_slots(&batch, priorities.map(|p| &p[done..done + batch.len()]))?;
+            self.table.commit_slots(&batch, priorities.map(|p| &p[done..done + batch.len()]), self.timeout)?;
             keys.extend(batch);
         }
         Ok(keys)
@@ -234,6 +234,7 @@ impl Writer {
             table: self.table.clone(),
             key,
             priority,
+            timeout: self.timeout,
             written: StepCounts::zeros(columns),
             unflushed_bytes: 0,
             published: 0,
@@ -249,6 +250,8 @@ pub struct Trajectory {
     table: ReplayTable,
     key: SlotKey,
     priority: Option<f64>,
+    /// The writer's timeout, which the commit honours too.
+    timeout: Option<Duration>,
     /// Steps written per column.
     written: StepCounts,
     /// Bytes written but not yet added to the table's `bytes_written`
@@ -369,7 +372,7 @@ impl Trajectory {
         // it has already been given back.
         self.done = true;
         self.flush_bytes();
-        self.table.commit_slot(self.key, self.priority)?;
+        self.table.commit_slot(self.key, self.priority, self.timeout)?;
         Ok(self.key)
     }
 }

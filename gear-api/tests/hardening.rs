@@ -238,6 +238,10 @@ fn a_stopped_lock_holder_times_callers_out_and_a_killed_one_is_taken_over() {
     insert(&table, 2);
     let mut holder = child("idle", &name, 0).spawn().unwrap();
     let pid = wait_ready(&mut holder);
+    // A trajectory begun before the lock is lost: its commit must time out
+    // too, and its slot come back later.
+    let mut pending = table.writer().with_timeout(Duration::from_millis(300)).begin(None).unwrap();
+    pending.append_step(&step()).unwrap();
     // The live process "holds" the lock, then is stopped (as by SIGSTOP in
     // its critical section, or a debugger).
     set_lock_word(&name, &spec(), token_of(&name, &spec(), pid));
@@ -256,13 +260,17 @@ fn a_stopped_lock_holder_times_callers_out_and_a_killed_one_is_taken_over() {
     assert!(matches!(e, Error::Timeout { .. }) && e.to_string().contains("held by"), "{e}");
     let e = table.writer().with_timeout(Duration::from_millis(300)).begin(None).map(|_| ()).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    let t = Instant::now();
+    let e = pending.end().unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }) && t.elapsed() < Duration::from_secs(5), "{e} after {:?}", t.elapsed());
     // Killed while "holding" it: the next caller takes it over and repairs.
     signal(pid, "-CONT");
     kill(&mut holder);
     let out = run_within(child("sample", &name, 0), Duration::from_secs(20));
     assert!(out.contains("sampled 4"), "{out}");
     insert(&table, 1);
-    assert_eq!(table.info().unwrap().size, 2);
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.slots.writing), (2, 0), "the timed-out commit's slot was given back: {info:?}");
 }
 
 #[test]
