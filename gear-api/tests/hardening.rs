@@ -527,3 +527,28 @@ fn sample_with_a_timeout_waits_while_the_table_is_emptied_and_refilled() {
         assert!(batches > torn, "{batches} batches, {torn} torn");
     });
 }
+
+#[test]
+fn a_bad_free_list_entry_and_a_nan_limiter_setting_are_caught() {
+    let (name, table) = shared_table("freelist");
+    insert(&table, 1);
+    // The top of the free list names slot 2^32-1: begin repairs the list
+    // from the slot records instead of indexing out of bounds.
+    let rl = RegionLayout::for_spec(&spec()).unwrap();
+    let free_len = u64::from_le_bytes(
+        peek(&name, rl.control_offset + std::mem::offset_of!(ControlBlock, free_len) as u64, 8).try_into().unwrap(),
+    );
+    assert_eq!(free_len, 7);
+    poke(&name, rl.free_offset + 4 * (free_len - 1), &u32::MAX.to_le_bytes());
+    let out = run_within(child("sample", &name, 0), Duration::from_secs(20));
+    assert!(out.contains("sampled 4"), "{out}");
+    for _ in 0..7 {
+        insert(&table, 1);
+    }
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.evictions), (8, 0), "every free slot was found again: {info:?}");
+    // A NaN samples-per-insert: refused at attach, not a wait forever.
+    poke(&name, rl.control_offset + std::mem::offset_of!(ControlBlock, policy) as u64, &f64::NAN.to_le_bytes());
+    let out = run_within(child("sample", &name, 0), Duration::from_secs(20));
+    assert!(out.contains("attach: shared table is corrupted") && out.contains("samples_per_insert"), "{out}");
+}
