@@ -271,9 +271,12 @@ impl TableLock {
                 }
                 sleep = sleep.min(d - now);
             }
-            waiters.fetch_add(1, Ordering::AcqRel);
+            // SeqCst here and in the unlock: either the unlocker sees this
+            // waiter, or this waiter's futex call sees the word changed
+            // (a store-buffer race would otherwise cost a whole sleep).
+            waiters.fetch_add(1, Ordering::SeqCst);
             futex_wait(word, cur, Some(sleep));
-            waiters.fetch_sub(1, Ordering::AcqRel);
+            waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -282,8 +285,8 @@ impl Drop for TableLockGuard<'_> {
     fn drop(&mut self) {
         // Only our own token is cleared: a word another process overwrote
         // (which only a corrupted region can make happen) is left alone.
-        let released = self.word.compare_exchange(self.token, 0, Ordering::Release, Ordering::Relaxed).is_ok();
-        if released && self.waiters.load(Ordering::Acquire) > 0 {
+        let released = self.word.compare_exchange(self.token, 0, Ordering::SeqCst, Ordering::Relaxed).is_ok();
+        if released && self.waiters.load(Ordering::SeqCst) > 0 {
             futex_wake_one(self.word);
         }
     }
