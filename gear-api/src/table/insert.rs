@@ -1,0 +1,258 @@
+//! The writer's side: admitting writers, handing out slots (reclaiming or
+//! evicting when none is free), publishing, committing and abandoning.
+
+use super::select::{not_stored, strategy_error};
+use super::shared::{add, sub, Local, Locked};
+use super::ReplayTable;
+use crate::error::{Error, Result};
+use gear_core::{target, Change, LogOp, SlotKey, SlotState};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Longest a dropped trajectory waits for the lock to give its slot back
+/// before leaving that to the next call that takes the lock.
+pub(super) const ABANDON_PATIENCE: Duration = Duration::from_millis(200);
+
+impl ReplayTable {
+    /// Admits one writer (rate limiter) and hands it a slot in `Writing`
+    /// state, evicting with the remover when no slot is free.
+    pub(crate) fn begin_slot(&self, priority: f64, timeout: Option<Duration>) -> Result<SlotKey> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let l = self.shared.lock(deadline)?;
+        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        self.take_slot(&mut l, priority)
+    }
+
+    /// [`ReplayTable::begin_slot`] for up to `count` trajectories, the
+    /// `i`-th with `priority(i)`, under one lock: waits for the rate
+    /// limiter to admit the first, then takes one more slot while the limiter
+    /// admits it without waiting and a slot is free or evictable (a batch
+    /// never holds slots while it waits, so it cannot wait on samples of
+    /// its own uncommitted rows, nor fill a table with them).
+    /// Returns at least one key; on an error, none is left taken.
+    pub(crate) fn begin_slots(
+        &self,
+        count: usize,
+        priority: impl Fn(usize) -> f64,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<SlotKey>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let l = self.shared.lock(deadline)?;
+        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        let mut keys = Vec::with_capacity(count);
+        keys.push(self.take_slot(&mut l, priority(0))?);
+        for i in 1..count {
+            let ctl = l.sh.region.control();
+            let room = ctl.free_len.load(Ordering::Relaxed) > 0 || !l.local.remover.is_empty();
+            // Without room, the next slot must come from this batch's own
+            // rows once they commit: stop here and let the caller commit.
+            if ctl.closed.load(Ordering::Acquire) != 0 || !l.can_insert() || !room {
+                break;
+            }
+            match self.take_slot(&mut l, priority(i)) {
+                Ok(key) => keys.push(key),
+                Err(e) => {
+                    for &key in &keys {
+                        self.abandon_locked(&mut l, key);
+                    }
+                    l.wake();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Hands out a slot in `Writing` state to a writer the rate limiter
+    /// admitted, evicting with the remover when no slot is free.
+    pub(super) fn take_slot(&self, l: &mut Locked<'_>, priority: f64) -> Result<SlotKey> {
+        // No free slot: dead writers' slots come back before anything
+        // committed is evicted (a full scan, at most every REAP_INTERVAL).
+        let mut slot = l.pop_free();
+        if slot.is_none() && l.ctl().pending_inserts.load(Ordering::Relaxed) > 0 && l.maybe_reap()? > 0 {
+            slot = l.pop_free();
+        }
+        let slot = match slot {
+            Some(slot) => slot,
+            None => match self.evict_one(l)? {
+                Some(slot) => slot,
+                None => {
+                    // Nothing committed to evict: dead writers may hold the
+                    // slots; scan now, whenever the last scan was.
+                    l.reap(0..self.spec().capacity())?;
+                    match l.pop_free() {
+                        Some(slot) => slot,
+                        None => {
+                            self.evict_one(l)?.ok_or_else(|| Error::TableFull { capacity: self.spec().capacity() })?
+                        }
+                    }
+                }
+            },
+        };
+        let ctl = self.shared.region.control();
+        let seq = ctl.next_seq.load(Ordering::Relaxed);
+        let rec = self.shared.region.slot(slot)?;
+        let key = match rec.begin_write(slot, u64::from(self.shared.lease.token()), seq, priority) {
+            Ok(key) => key,
+            Err(e) => {
+                l.push_free(slot);
+                return Err(e.into());
+            }
+        };
+        ctl.next_seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        add(&ctl.pending_inserts, 1);
+        Ok(key)
+    }
+
+    pub(super) fn evict_one(&self, l: &mut Locked<'_>) -> Result<Option<u32>> {
+        if l.local.remover.is_empty() {
+            return Ok(None);
+        }
+        let Local { remover, rng, scratch, .. } = &mut *l.local;
+        scratch.clear();
+        remover.sample(1, rng, scratch)?;
+        let Some(victim) = scratch.first().map(|s| s.key) else {
+            return Err(strategy_error(remover.name(), "drew no row to evict from a non-empty strategy"));
+        };
+        let Some(&held) = l.local.in_sampler.get(victim.slot as usize) else {
+            return Err(not_stored(l.local.remover.name(), victim));
+        };
+        let in_sampler = held == Some(victim);
+        let target = if in_sampler { target::BOTH } else { target::REMOVER };
+        l.record(Change { key: victim, op: LogOp::Remove, target, priority: 0.0 })?;
+        self.shared.region.slot(victim.slot)?.free(victim)?;
+        let ctl = self.shared.region.control();
+        if in_sampler {
+            sub(&ctl.size, 1);
+        }
+        add(&ctl.evictions, 1);
+        Ok(Some(victim.slot))
+    }
+
+    /// Makes a trajectory being written selectable (tables that sample while
+    /// writing, at its first published step). Returns the priority the
+    /// strategy assigned.
+    pub(crate) fn publish_first(&self, key: SlotKey, priority: Option<f64>) -> Result<Option<f64>> {
+        if !self.shared.sample_while_writing {
+            return Ok(None);
+        }
+        let mut l = self.shared.lock(None)?;
+        let rec = self.shared.region.slot(key.slot)?;
+        rec.check(key, SlotState::Writing, "publish steps")?;
+        if l.local.in_sampler[key.slot as usize] == Some(key) {
+            // A rebuild in another process already picked it up.
+            return Ok(Some(rec.meta(key.slot).priority));
+        }
+        let assigned = l.insert_new(key, priority, false)?;
+        rec.set_priority(key, assigned);
+        add(&l.ctl().size, 1);
+        l.wake();
+        Ok(Some(assigned))
+    }
+
+    /// Commits a written trajectory and makes it selectable. On any error
+    /// the slot is given back, so nothing is left half-inserted.
+    pub(crate) fn commit_slot(&self, key: SlotKey, priority: Option<f64>, timeout: Option<Duration>) -> Result<()> {
+        let mut l = match self.shared.lock(timeout.map(|t| Instant::now() + t)) {
+            Ok(l) => l,
+            Err(e) => {
+                self.shared.give_back_later(&[key]);
+                return Err(e);
+            }
+        };
+        let result = self.commit_locked(&mut l, key, priority);
+        l.wake();
+        result
+    }
+
+    /// [`ReplayTable::commit_slot`] for many trajectories under one lock,
+    /// in order. At the first that fails, it and every later one are given
+    /// back and the error is returned: what precedes it stays committed.
+    pub(crate) fn commit_slots(
+        &self,
+        keys: &[SlotKey],
+        priorities: Option<&[f64]>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let mut l = match self.shared.lock(timeout.map(|t| Instant::now() + t)) {
+            Ok(l) => l,
+            Err(e) => {
+                self.shared.give_back_later(keys);
+                return Err(e);
+            }
+        };
+        let mut result = Ok(());
+        for (i, &key) in keys.iter().enumerate() {
+            if let Err(e) = self.commit_locked(&mut l, key, priorities.map(|p| p[i])) {
+                for &later in &keys[i + 1..] {
+                    self.abandon_locked(&mut l, later);
+                }
+                result = Err(e);
+                break;
+            }
+        }
+        l.wake();
+        result
+    }
+
+    /// Commits one trajectory under the lock; on an error gives its slot
+    /// back. The caller wakes waiters.
+    pub(super) fn commit_locked(&self, l: &mut Locked<'_>, key: SlotKey, priority: Option<f64>) -> Result<()> {
+        let ctl = self.shared.region.control();
+        let rec = self.shared.region.slot(key.slot)?;
+        sub(&ctl.pending_inserts, 1);
+        let in_sampler = l.local.in_sampler[key.slot as usize] == Some(key);
+        let inserted = rec.commit(key).map_err(Error::from).and_then(|()| {
+            if in_sampler {
+                let p = rec.meta(key.slot).priority;
+                l.record(Change { key, op: LogOp::Insert, target: target::REMOVER, priority: p })?;
+                return Ok(p);
+            }
+            // The strategy chooses the priority when none was given
+            // (max-seen for prioritized replay); the log carries its choice.
+            let p = l.insert_new(key, priority, true)?;
+            add(&ctl.size, 1);
+            Ok(p)
+        });
+        match inserted {
+            Ok(p) => {
+                rec.set_priority(key, p);
+                add(&ctl.inserts, 1);
+                Ok(())
+            }
+            Err(e) => {
+                if in_sampler {
+                    let _ = l.record(Change { key, op: LogOp::Remove, target: target::SAMPLER, priority: 0.0 });
+                    sub(&ctl.size, 1);
+                }
+                if rec.free(key).is_ok() {
+                    l.push_free(key.slot);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Frees a slot whose writer gave up (dropped without ending).
+    /// Never blocks longer than [`ABANDON_PATIENCE`]: when the lock
+    /// cannot be had by then (a stopped holder), the slot is given back by
+    /// whichever call of this process takes the lock next.
+    pub(crate) fn abandon_slot(&self, key: SlotKey) {
+        match self.shared.lock(Some(Instant::now() + ABANDON_PATIENCE)) {
+            Ok(mut l) => {
+                self.abandon_locked(&mut l, key);
+                l.wake();
+            }
+            Err(_) => self.shared.give_back_later(&[key]),
+        }
+    }
+
+    /// [`ReplayTable::abandon_slot`] under the lock; the caller wakes
+    /// waiters.
+    pub(super) fn abandon_locked(&self, l: &mut Locked<'_>, key: SlotKey) {
+        l.abandon(key);
+    }
+}

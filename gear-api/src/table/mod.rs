@@ -1,0 +1,259 @@
+//! The replay table: a [`TableRegion`] in a memory pool, the selection
+//! strategies, the rate limiter, and the protocol that ties them together,
+//! for threads of one process and for processes attached by name alike.
+//!
+//! Shared state lives in the region: slot records (gear-core's seqlock
+//! protocol), and the control block with the free list, the rate limiter's
+//! counters and a change log (`gear_core::control`). One robust
+//! process-shared mutex guards the control block; it is held for metadata
+//! only, never while trajectory bytes are copied. Selection strategies are
+//! process-local mirrors kept in step through the change log, so any
+//! process can select, insert and update priorities. A mirror sits behind a
+//! reader-writer lock: random strategies are drawn from under the read lock
+//! once the mutex has admitted and counted the batch, so sampler threads of
+//! one process draw at the same time.
+//!
+//! Failure handling: every process holds a lease on the table
+//! (`gear_cpu::sync::ProcessLease`: a file lock the kernel drops when the
+//! process dies, in whatever PID namespace), and slot owners, the lock
+//! holder and the server are named by lease tokens. A writer that dies
+//! mid-trajectory is found dead by its token and its slot reclaimed: the
+//! steps it published are committed as a shorter trajectory, or the slot is
+//! freed if it published none. Reclamation runs on its own: a full scan
+//! when a writer finds no free slot, and a slice of the slots on a cadence
+//! whenever any process takes the lock. A process that dies holding the
+//! lock is found dead by the next locker, which rebuilds the shared
+//! counters and free list from the slot records. A sampler that dies
+//! mid-copy pins nothing (reads are optimistic); slots it was retiring are
+//! freed by the same reclamation.
+//!
+//! Nothing read from the shared region is trusted: free-list entries,
+//! strategy results and log entries are bounds-checked (a bad one repairs
+//! the shared state from the slot records, or is an error), the rate
+//! limiter's settings are validated once at open and kept, and a backing
+//! file shrunk under the table is detected at every lock.
+
+// The parts, each with one job; `shared` is the only one that touches the
+// lock and the mirrors directly, the others go through `Locked`.
+// * `builder`: pool choice, policy words, the creator's lease;
+// * `attach`: attaching by name, what is validated on the way in;
+// * `shared`: the protocol over the control block (lock, mirrors, log,
+//   repair, reclamation, waits);
+// * `insert`: the writer's side (slots, eviction, commit, abandon);
+// * `select`: the sampler's side (admission, draws, checks, retirement).
+mod attach;
+mod builder;
+mod insert;
+mod select;
+mod shared;
+
+pub use attach::AttachOptions;
+pub use builder::TableBuilder;
+use builder::{policy, StrategyChoice};
+pub(crate) use select::Selection;
+
+use crate::error::Result;
+use crate::limiter::RateLimiterConfig;
+use crate::sampler::{SampleConfig, Sampler};
+use crate::writer::Writer;
+use gear_core::{check_priority, target, Change, LogOp, SlotKey, SlotState, TableSpec};
+use gear_cpu::sync::futex_wake_all;
+use gear_sampler::{StrategyKind, StrategyParams};
+use shared::Shared;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a table's bytes live.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum PoolConfig {
+    /// Process-private, page-aligned host memory (the default).
+    #[default]
+    Host,
+    /// Named shared memory other processes attach to: a file in `/dev/shm`,
+    /// or in `dir` when given.
+    Shared {
+        /// Name other processes attach by.
+        name: String,
+        /// Directory for the backing file; `/dev/shm` when `None`.
+        dir: Option<PathBuf>,
+    },
+}
+
+/// A snapshot of a table's counters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableInfo {
+    /// Trajectories that can be sampled.
+    pub size: u64,
+    /// Slots.
+    pub capacity: u64,
+    /// Trajectories committed since creation.
+    pub inserts: u64,
+    /// Rows sampled since creation.
+    pub samples: u64,
+    /// Trajectories evicted to make room.
+    pub evictions: u64,
+    /// Trajectories removed after reaching `max_times_sampled`.
+    pub retired: u64,
+    /// Trajectories of dead writers reclaimed.
+    pub reclaimed: u64,
+    /// The rate limiter's `inserts * spi - samples`.
+    pub limiter_error: f64,
+    /// The rate limiter's configuration.
+    pub limiter: RateLimiterConfig,
+    /// Total time writers waited on the rate limiter.
+    pub insert_wait: Duration,
+    /// Total time samplers waited on the rate limiter (or an empty table).
+    pub sample_wait: Duration,
+    /// Bytes of step data written.
+    pub bytes_written: u64,
+    /// Bytes copied into batches.
+    pub bytes_gathered: u64,
+    /// Slots by state, from a scan of the slot records.
+    pub slots: SlotCounts,
+}
+
+/// How many slots are in each state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    /// Holding nothing.
+    pub free: u64,
+    /// Being written.
+    pub writing: u64,
+    /// Committed.
+    pub committed: u64,
+    /// Being retired after their last sample.
+    pub retiring: u64,
+}
+
+/// A replay table. Cheap to clone: clones share one table.
+#[derive(Clone)]
+pub struct ReplayTable {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ReplayTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayTable").field("region", &self.shared.region).finish()
+    }
+}
+
+impl ReplayTable {
+    /// Starts building a table for `spec`.
+    pub fn builder(spec: TableSpec) -> TableBuilder {
+        TableBuilder {
+            spec,
+            pool: PoolConfig::Host,
+            sampler: StrategyChoice::Kind(StrategyKind::Uniform),
+            remover: StrategyChoice::Kind(StrategyKind::Fifo),
+            params: StrategyParams::default(),
+            limiter: RateLimiterConfig::default(),
+            max_times_sampled: None,
+            sample_while_writing: false,
+            seed: 0,
+            collector_threads: None,
+        }
+    }
+
+    /// The table's spec.
+    pub fn spec(&self) -> &TableSpec {
+        self.shared.region.spec()
+    }
+
+    /// The seed the table was built with.
+    pub(crate) fn seed(&self) -> u64 {
+        self.shared.region.control().policy[policy::SEED].load(Ordering::Relaxed)
+    }
+
+    /// The memory region's name, for shared tables.
+    pub fn name(&self) -> Option<&str> {
+        self.shared.region.region().name()
+    }
+
+    /// A writer for actors; clone or create one per thread.
+    pub fn writer(&self) -> Writer {
+        Writer::new(self.clone())
+    }
+
+    /// A sampler for trainers, with reusable batch buffers.
+    pub fn sampler(&self, config: SampleConfig) -> Result<Sampler> {
+        Sampler::new(self.clone(), config)
+    }
+
+    /// Counters and rate-limiter state.
+    pub fn info(&self) -> Result<TableInfo> {
+        let l = self.shared.lock(None)?;
+        let ctl = l.ctl();
+        let rl = l.limiter();
+        let ns = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+        let mut slots = SlotCounts::default();
+        for (s, rec) in self.shared.region.slots().iter().enumerate() {
+            match rec.key_state(s as u32).1 {
+                SlotState::Free => slots.free += 1,
+                SlotState::Writing => slots.writing += 1,
+                SlotState::Committed => slots.committed += 1,
+                SlotState::Retiring => slots.retiring += 1,
+            }
+        }
+        Ok(TableInfo {
+            slots,
+            size: ctl.size.load(Ordering::Relaxed),
+            capacity: self.spec().capacity(),
+            inserts: rl.inserts,
+            samples: rl.samples,
+            evictions: ctl.evictions.load(Ordering::Relaxed),
+            retired: ctl.retired.load(Ordering::Relaxed),
+            reclaimed: ctl.reclaimed.load(Ordering::Relaxed),
+            limiter_error: rl.error(),
+            limiter: rl.config,
+            insert_wait: ns(&ctl.insert_wait_ns),
+            sample_wait: ns(&ctl.sample_wait_ns),
+            bytes_written: ctl.bytes_written.load(Ordering::Relaxed),
+            bytes_gathered: ctl.bytes_gathered.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Closes the table for every process: blocked writers and samplers
+    /// wake with [`Error::Closed`], later waits fail at once. Data stays
+    /// readable.
+    pub fn close(&self) {
+        let ctl = self.shared.region.control();
+        ctl.closed.store(1, Ordering::Release);
+        ctl.epoch.fetch_add(1, Ordering::Release);
+        futex_wake_all(&ctl.epoch);
+    }
+
+    /// Reclaims the slots of writers (and samplers) that died: a dead
+    /// writer's published steps are committed as a shorter trajectory, or
+    /// its slot freed if it published none. Runs on its own from time to
+    /// time; call it to force a scan. Returns the slots reclaimed.
+    pub fn reclaim_dead(&self) -> Result<u64> {
+        self.shared.lock(None)?.reap(0..self.spec().capacity())
+    }
+
+    /// Updates priorities by key; keys whose trajectory was evicted or
+    /// replaced are ignored (late updates are normal in prioritized replay).
+    /// Every priority is checked first: one bad value refuses the whole
+    /// batch and changes nothing. Duplicate keys: the last one wins.
+    /// Returns how many updates were applied.
+    pub fn update_priorities(&self, updates: &[(SlotKey, f64)]) -> Result<usize> {
+        for &(_, p) in updates {
+            check_priority(p)?;
+        }
+        let mut l = self.shared.lock(None)?;
+        let mut applied = 0;
+        for &(key, p) in updates {
+            let Some(slot) = l.local.in_sampler.get(key.slot as usize) else { continue };
+            let in_remover = l.local.in_remover[key.slot as usize] == Some(key);
+            if *slot != Some(key) {
+                continue;
+            }
+            let target = if in_remover { target::BOTH } else { target::SAMPLER };
+            l.record(Change { key, op: LogOp::Update, target, priority: p })?;
+            self.shared.region.slots()[key.slot as usize].set_priority(key, p);
+            applied += 1;
+        }
+        Ok(applied)
+    }
+}

@@ -1,0 +1,290 @@
+//! The sampler's side: admitting a batch, drawing it (under the lock, or
+//! under a read lock on the mirrors for strategies that draw through a
+//! shared reference), checking what the strategy returned, and retiring
+//! rows that reached `max_times_sampled`.
+
+use super::shared::{add, process_salt, sub, Locked, Shared};
+use super::ReplayTable;
+use crate::error::{Error, Result};
+use gear_core::{target, Change, LogOp, Sampled, SlotKey, Xoshiro256};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Draws of rows evicted between their draw and the read of their slot
+/// record, before [`ReplayTable::select`] gives up on a strategy that keeps
+/// returning keys the table does not hold.
+pub(super) const STALE_DRAW_ATTEMPTS: usize = 8;
+
+/// What one sampler brings to [`ReplayTable::select`]: its own random
+/// stream (so samplers on several threads draw independently, and a seeded
+/// table draws the same rows run after run) and its reusable buffers.
+#[derive(Debug)]
+pub(crate) struct Selection {
+    /// The seed of `rng`: the table's seed, the process's salt and the
+    /// sampler's number; other streams of the sampler derive from it.
+    pub(crate) seed: u64,
+    pub(super) rng: Xoshiro256,
+    pub(super) drawn: Vec<Sampled>,
+    /// Drawn keys whose rows were evicted before their record was read.
+    pub(super) stale: Vec<SlotKey>,
+    /// Rows taken out by `max_times_sampled`, to be freed after the copy.
+    pub(crate) retiring: Vec<SlotKey>,
+}
+
+impl ReplayTable {
+    /// A sampler's random stream and buffers for [`ReplayTable::select`]:
+    /// each sampler of a seeded table gets its own stream, the same one in
+    /// every run.
+    pub(crate) fn selection(&self) -> Selection {
+        let sh = &*self.shared;
+        let n = sh.samplers_made.fetch_add(1, Ordering::Relaxed);
+        let seed = self.seed() ^ process_salt(sh.creator, &sh.lease) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Selection {
+            seed,
+            rng: Xoshiro256::seed_from_u64(seed),
+            drawn: Vec::new(),
+            stale: Vec::new(),
+            retiring: Vec::new(),
+        }
+    }
+
+    /// Refuses a batch the rate limiter can never admit.
+    pub(super) fn check_batch(&self, n: usize) -> Result<()> {
+        let cfg = self.shared.limiter().config;
+        if (n as f64) > cfg.max_diff - cfg.min_diff {
+            return Err(Error::Config(format!(
+                "a batch of {n} can never be sampled: the rate limiter allows at most {} samples ahead",
+                cfg.max_diff - cfg.min_diff
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits (with `l` released meanwhile, at most until `deadline`) until
+    /// `n` rows may be drawn: the rate limiter admits them when
+    /// `count_against_limiter`, else the sampler holds something (a redraw
+    /// of rows evicted under a batch waits for the table to refill rather
+    /// than fail while the caller's time lasts).
+    pub(super) fn admit<'a>(
+        &'a self,
+        l: Locked<'a>,
+        n: usize,
+        deadline: Option<Instant>,
+        count_against_limiter: bool,
+    ) -> Result<Locked<'a>> {
+        if count_against_limiter {
+            self.check_batch(n)?;
+            self.wait_until(
+                l,
+                deadline,
+                "sample (empty table or rate limiter)",
+                |l| l.can_sample(n as u64),
+                |c| &c.sample_wait_ns,
+            )
+        } else {
+            self.wait_until(
+                l,
+                deadline,
+                "sample (table emptied while a batch was redrawn)",
+                |l| !l.local.sampler.is_empty(),
+                |c| &c.sample_wait_ns,
+            )
+        }
+    }
+
+    /// Waits for the rate limiter (at most until `deadline`), draws `n`
+    /// rows and appends to `out`, for each, its key, probability, weight
+    /// and published length. Rows that reached `max_times_sampled` are
+    /// taken out of the strategies and listed in `sel.retiring`; the caller
+    /// frees them after copying. Keys the strategy returns are checked: one
+    /// outside the table is an error, not a panic.
+    pub(crate) fn select(
+        &self,
+        n: usize,
+        deadline: Option<Instant>,
+        count_against_limiter: bool,
+        sel: &mut Selection,
+        out: &mut Vec<(Sampled, u64)>,
+    ) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.shared_draws && sh.max_times_sampled.is_none() {
+            return self.select_shared(n, deadline, count_against_limiter, sel, out);
+        }
+        let mut l = self.admit(sh.lock(deadline)?, n, deadline, count_against_limiter)?;
+        sel.drawn.clear();
+        l.local.sampler.sample(n, &mut sel.rng, &mut sel.drawn)?;
+        check_drawn(l.local.sampler.name(), n, &sel.drawn, sh.region.spec().capacity())?;
+        prefetch_records(sh, &sel.drawn);
+        let ctl = sh.region.control();
+        for s in &sel.drawn {
+            let rec = &sh.region.slots()[s.key.slot as usize];
+            let Some(len) = rec.read_begin(s.key) else {
+                return Err(not_stored(l.local.sampler.name(), s.key));
+            };
+            out.push((*s, len));
+            let times = rec.add_sampled();
+            if let Some(max) = sh.max_times_sampled {
+                if times >= max
+                    && !sel.retiring.contains(&s.key)
+                    && rec.retire(s.key, u64::from(sh.lease.token())).is_ok()
+                {
+                    l.record(Change { key: s.key, op: LogOp::Remove, target: target::BOTH, priority: 0.0 })?;
+                    sub(&ctl.size, 1);
+                    sel.retiring.push(s.key);
+                }
+            }
+        }
+        if count_against_limiter {
+            add(&ctl.samples, n as u64);
+        }
+        l.wake();
+        Ok(())
+    }
+
+    /// [`ReplayTable::select`] for strategies that draw through a shared
+    /// reference, without `max_times_sampled`: the lock is held only to
+    /// admit the batch and count it; the draw runs under a read lock on this
+    /// process's mirrors, so several threads draw at once, and the slot
+    /// records are read under no lock at all. A row evicted between the
+    /// draw and the read of its record is drawn again.
+    pub(super) fn select_shared(
+        &self,
+        n: usize,
+        deadline: Option<Instant>,
+        count_against_limiter: bool,
+        sel: &mut Selection,
+        out: &mut Vec<(Sampled, u64)>,
+    ) -> Result<()> {
+        let sh = &*self.shared;
+        let (mut want, mut count) = (n, count_against_limiter);
+        for _ in 0..STALE_DRAW_ATTEMPTS {
+            self.draw_shared(want, deadline, count, sel)?;
+            prefetch_records(sh, &sel.drawn);
+            sel.stale.clear();
+            for s in &sel.drawn {
+                let rec = &sh.region.slots()[s.key.slot as usize];
+                match rec.read_begin(s.key) {
+                    Some(len) => {
+                        out.push((*s, len));
+                        rec.add_sampled();
+                    }
+                    None => sel.stale.push(s.key),
+                }
+            }
+            if sel.stale.is_empty() {
+                return Ok(());
+            }
+            // Evicted after the draw, by a writer of any process: draw as
+            // many again, already counted against the limiter.
+            (want, count) = (sel.stale.len(), false);
+        }
+        Err(not_stored(sh.local.read().sampler.name(), sel.stale[0]))
+    }
+
+    /// Admits `n` rows (counting them against the rate limiter when asked)
+    /// and draws them into `sel.drawn` under a read lock on the mirrors.
+    pub(super) fn draw_shared(
+        &self,
+        n: usize,
+        deadline: Option<Instant>,
+        count: bool,
+        sel: &mut Selection,
+    ) -> Result<()> {
+        let sh = &*self.shared;
+        if count {
+            self.check_batch(n)?;
+        }
+        let (guard, local) = sh.lock_read(deadline)?;
+        let ready = if count {
+            sh.ctl().closed.load(Ordering::Acquire) == 0 && sh.can_sample(n as u64)
+        } else {
+            !local.sampler.is_empty()
+        };
+        let (guard, local) = if ready {
+            (guard, local)
+        } else {
+            drop((guard, local));
+            self.admit(sh.lock(deadline)?, n, deadline, count)?.downgrade()
+        };
+        if count {
+            // `can_sample` or `admit` said the batch fits.
+            add(&sh.ctl().samples, n as u64);
+        }
+        sh.wake();
+        drop(guard);
+        sel.drawn.clear();
+        let drawn = local
+            .sampler
+            .sample_shared(n, &mut sel.rng, &mut sel.drawn)
+            .unwrap_or_else(|| {
+                Err(gear_core::Error::Selection(format!(
+                    "strategy `{}` drew 0 rows through a shared reference but refuses to draw {n}",
+                    local.sampler.name()
+                )))
+            })
+            .map_err(Error::from)
+            .and_then(|()| check_drawn(local.sampler.name(), n, &sel.drawn, sh.region.spec().capacity()));
+        drop(local);
+        if let Err(e) = drawn {
+            if count {
+                // Nothing was drawn: give the batch back to the limiter.
+                let l = sh.lock(None)?;
+                sub(&l.ctl().samples, n as u64);
+                l.wake();
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Frees slots taken out by `max_times_sampled`, after their bytes were
+    /// copied.
+    pub(crate) fn retire(&self, keys: &[SlotKey]) {
+        if keys.is_empty() {
+            return;
+        }
+        let Ok(mut l) = self.shared.lock(None) else { return };
+        for &key in keys {
+            if let Ok(rec) = self.shared.region.slot(key.slot) {
+                if rec.free(key).is_ok() {
+                    l.push_free(key.slot);
+                    add(&l.ctl().retired, 1);
+                }
+            }
+        }
+        l.wake();
+    }
+}
+
+/// Starts loading every drawn row's slot record, so that the misses
+/// overlap instead of following one another.
+pub(super) fn prefetch_records(sh: &Shared, drawn: &[Sampled]) {
+    let slots = sh.region.slots();
+    for s in drawn {
+        if let Some(rec) = slots.get(s.key.slot as usize) {
+            gear_core::hint::prefetch(rec);
+        }
+    }
+}
+
+/// A strategy misbehaved (strategies are user code: the table checks
+/// what they return).
+pub(super) fn strategy_error(strategy: &str, what: &str) -> Error {
+    Error::Core(gear_core::Error::Selection(format!("strategy `{strategy}` {what}")))
+}
+
+/// Checks what a strategy drew: `n` rows, every slot inside the table.
+pub(super) fn check_drawn(strategy: &str, n: usize, drawn: &[Sampled], capacity: u64) -> Result<()> {
+    if drawn.len() != n {
+        return Err(strategy_error(strategy, &format!("drew {} rows when asked for {n}", drawn.len())));
+    }
+    match drawn.iter().find(|s| u64::from(s.key.slot) >= capacity) {
+        Some(s) => Err(strategy_error(strategy, &format!("returned key {} beyond the {capacity} slots", s.key))),
+        None => Ok(()),
+    }
+}
+
+/// A strategy returned a key the table does not hold.
+pub(super) fn not_stored(strategy: &str, key: SlotKey) -> Error {
+    Error::Core(gear_core::Error::Selection(format!("strategy `{strategy}` returned key {key} that is not stored")))
+}
