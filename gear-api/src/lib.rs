@@ -32,9 +32,6 @@
 
 #![warn(missing_docs)]
 
-#[cfg(not(feature = "cpu"))]
-compile_error!("gear-api needs the `cpu` feature: tables live in host memory, which every backend builds on");
-
 pub mod bench;
 pub mod children;
 pub mod config;
