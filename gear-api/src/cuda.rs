@@ -195,6 +195,10 @@ impl MappingShare {
             return Ok(MappingShare(Some(m)));
         }
         let device = CudaDevice::new(ordinal)?;
+        // Kernels are loaded once per process and device; a missing or
+        // unusable kernel image (or NVRTC, when needed) is reported here,
+        // at sampler creation, not by the first sample().
+        device.warm_up()?;
         let region = device.register(TableMemory { table: table.clone() })?;
         let m = Arc::new(Mapping { region, device });
         map.push((base, Arc::downgrade(&m)));

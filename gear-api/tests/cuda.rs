@@ -61,17 +61,16 @@ fn nvrtc_dir() -> Option<PathBuf> {
     default.join("libnvrtc.so.13").exists().then_some(default)
 }
 
-/// Whether a device (and NVRTC) can be used; prints the skip otherwise.
+/// Whether a device can be used; prints the skip otherwise.
 fn device_or_skip() -> bool {
     if let Err(e) = gear_cuda::probe::driver() {
         skip(&e.to_string());
         return false;
     }
-    // The first NVRTC probe of the process decides where it is loaded from.
-    if let Err(e) = gear_cuda::probe::nvrtc_from(nvrtc_dir().as_deref()) {
-        skip(&format!("NVRTC not found: {e}"));
-        return false;
-    }
+    // The first NVRTC probe of the process decides where it is loaded from;
+    // NVRTC is needed only without build-time kernel images, and a missing
+    // one is then reported by cuda_sampler.
+    let _ = gear_cuda::probe::nvrtc_from(nvrtc_dir().as_deref());
     true
 }
 

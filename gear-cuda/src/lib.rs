@@ -51,13 +51,14 @@ mod ffi;
 pub mod gather;
 pub mod kernels;
 pub mod memory;
+mod nvrtc_lib;
 #[doc(hidden)]
 pub mod plan;
 pub mod probe;
 pub mod select;
 
 pub use cache::{DeviceCache, RowCache};
-pub use device::CudaDevice;
+pub use device::{CudaDevice, KernelOrigin};
 pub use error::{Error, Result};
 pub use gather::{CudaBatch, CudaCollector};
 pub use memory::{DeviceMemory, PinnedMemory, RegisteredRegion};

@@ -9,7 +9,7 @@
 //! * `soak [--seconds N]`: the multi-process stress test (4 writer and 2
 //!   sampler processes on one shared table, every sampled row checked) for N
 //!   seconds instead of the test suite's few.
-//! * `gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]`: packs
+//! * `gpu-test [--out DIR] [--run | --build-only]`: packs
 //!   gear-cuda's test and bench binaries into a folder a GPU machine without
 //!   cargo can run (`run.sh`), and runs it when a GPU is present.
 
