@@ -24,6 +24,15 @@ pub(crate) unsafe fn host_alloc_mapped(bytes: usize) -> Result<*mut u8, DriverEr
     Ok(p.cast())
 }
 
+/// Makes `ctx` current on this thread.
+///
+/// # Safety
+/// `ctx` is a live context; the driver was probed.
+pub(crate) unsafe fn set_current(ctx: sys::CUcontext) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuCtxSetCurrent(ctx) }.result()
+}
+
 /// Frees memory from [`host_alloc_mapped`].
 ///
 /// # Safety
@@ -35,13 +44,17 @@ pub(crate) unsafe fn host_free(p: *mut u8) -> Result<(), DriverError> {
 }
 
 /// Page-locks `[p, p+bytes)` and maps it for every context (PORTABLE |
-/// DEVICEMAP).
+/// DEVICEMAP, plus READ_ONLY when `read_only`: the device may then only
+/// read it).
 ///
 /// # Safety
 /// The range is valid host memory for as long as it stays registered; the
 /// driver was probed and a context is current.
-pub(crate) unsafe fn host_register(p: *mut u8, bytes: usize) -> Result<(), DriverError> {
-    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+pub(crate) unsafe fn host_register(p: *mut u8, bytes: usize, read_only: bool) -> Result<(), DriverError> {
+    let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+    if read_only {
+        flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
+    }
     // SAFETY: forwarded obligations.
     unsafe { sys::cuMemHostRegister_v2(p.cast(), bytes, flags) }.result()
 }
