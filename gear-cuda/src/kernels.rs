@@ -64,7 +64,7 @@ impl KernelSource {
         match self {
             KernelSource::Gather => &["gear_gather"],
             KernelSource::Sample => &["gear_prio_chunks", "gear_prio_scan", "gear_prio_prefix", "gear_sample_draws"],
-            KernelSource::Priority => &["gear_scatter_f64", "gear_topk_chunks", "gear_topk_merge"],
+            KernelSource::Priority => &["gear_scatter_f64", "gear_topk_init", "gear_topk_step", "gear_topk_emit"],
         }
     }
 }
@@ -84,23 +84,26 @@ pub enum KernelFn {
     SampleDraws,
     /// `gear_scatter_f64`.
     ScatterF64,
-    /// `gear_topk_chunks`.
-    TopkChunks,
-    /// `gear_topk_merge`.
-    TopkMerge,
+    /// `gear_topk_init`.
+    TopkInit,
+    /// `gear_topk_step`.
+    TopkStep,
+    /// `gear_topk_emit`.
+    TopkEmit,
 }
 
 impl KernelFn {
     /// Every kernel.
-    pub const ALL: [KernelFn; 8] = [
+    pub const ALL: [KernelFn; 9] = [
         KernelFn::Gather,
         KernelFn::PrioChunks,
         KernelFn::PrioScan,
         KernelFn::PrioPrefix,
         KernelFn::SampleDraws,
         KernelFn::ScatterF64,
-        KernelFn::TopkChunks,
-        KernelFn::TopkMerge,
+        KernelFn::TopkInit,
+        KernelFn::TopkStep,
+        KernelFn::TopkEmit,
     ];
 
     /// The source that defines it.
@@ -110,7 +113,9 @@ impl KernelFn {
             KernelFn::PrioChunks | KernelFn::PrioScan | KernelFn::PrioPrefix | KernelFn::SampleDraws => {
                 KernelSource::Sample
             }
-            KernelFn::ScatterF64 | KernelFn::TopkChunks | KernelFn::TopkMerge => KernelSource::Priority,
+            KernelFn::ScatterF64 | KernelFn::TopkInit | KernelFn::TopkStep | KernelFn::TopkEmit => {
+                KernelSource::Priority
+            }
         }
     }
 
@@ -123,8 +128,9 @@ impl KernelFn {
             KernelFn::PrioPrefix => "gear_prio_prefix",
             KernelFn::SampleDraws => "gear_sample_draws",
             KernelFn::ScatterF64 => "gear_scatter_f64",
-            KernelFn::TopkChunks => "gear_topk_chunks",
-            KernelFn::TopkMerge => "gear_topk_merge",
+            KernelFn::TopkInit => "gear_topk_init",
+            KernelFn::TopkStep => "gear_topk_step",
+            KernelFn::TopkEmit => "gear_topk_emit",
         }
     }
 }

@@ -21,28 +21,37 @@ type Program = *mut c_void;
 /// NVRTC's major version the crate is written against.
 pub const NVRTC_MAJOR: u32 = 13;
 
+type FnVersion = unsafe extern "C" fn(*mut c_int, *mut c_int) -> Status;
+type FnInt = unsafe extern "C" fn(*mut c_int) -> Status;
+type FnCreate = unsafe extern "C" fn(
+    *mut Program,
+    *const c_char,
+    *const c_char,
+    c_int,
+    *const *const c_char,
+    *const *const c_char,
+) -> Status;
+type FnCompile = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> Status;
+type FnSize = unsafe extern "C" fn(Program, *mut usize) -> Status;
+type FnBytes = unsafe extern "C" fn(Program, *mut c_char) -> Status;
+type FnDestroy = unsafe extern "C" fn(*mut Program) -> Status;
+type FnErrorString = unsafe extern "C" fn(Status) -> *const c_char;
+
 /// The entry points, resolved from one library handle.
 struct Fns {
-    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> Status,
-    num_archs: unsafe extern "C" fn(*mut c_int) -> Status,
-    archs: unsafe extern "C" fn(*mut c_int) -> Status,
-    create: unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> Status,
-    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> Status,
-    log_size: unsafe extern "C" fn(Program, *mut usize) -> Status,
-    log: unsafe extern "C" fn(Program, *mut c_char) -> Status,
-    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> Status,
-    ptx: unsafe extern "C" fn(Program, *mut c_char) -> Status,
-    cubin_size: unsafe extern "C" fn(Program, *mut usize) -> Status,
-    cubin: unsafe extern "C" fn(Program, *mut c_char) -> Status,
-    destroy: unsafe extern "C" fn(*mut Program) -> Status,
-    error_string: unsafe extern "C" fn(Status) -> *const c_char,
+    version: FnVersion,
+    num_archs: FnInt,
+    archs: FnInt,
+    create: FnCreate,
+    compile: FnCompile,
+    log_size: FnSize,
+    log: FnBytes,
+    ptx_size: FnSize,
+    ptx: FnBytes,
+    cubin_size: FnSize,
+    cubin: FnBytes,
+    destroy: FnDestroy,
+    error_string: FnErrorString,
 }
 
 /// A loaded NVRTC library. The handle is never closed (NVRTC keeps global
@@ -171,27 +180,27 @@ impl NvrtcLib {
 
     fn resolve(h: *mut c_void, path: PathBuf) -> Result<Self, String> {
         macro_rules! f {
-            ($name:literal) => {
+            ($name:literal, $ty:ty) => {
                 // SAFETY: the symbol is the NVRTC API function `$name`, whose
                 // C prototype (nvrtc.h, CUDA 11 to 13) matches the field's
                 // type; the library is never unloaded.
-                unsafe { std::mem::transmute::<*mut c_void, _>(sym(h, $name)?) }
+                unsafe { std::mem::transmute::<*mut c_void, $ty>(sym(h, $name)?) }
             };
         }
         let fns = Fns {
-            version: f!("nvrtcVersion"),
-            num_archs: f!("nvrtcGetNumSupportedArchs"),
-            archs: f!("nvrtcGetSupportedArchs"),
-            create: f!("nvrtcCreateProgram"),
-            compile: f!("nvrtcCompileProgram"),
-            log_size: f!("nvrtcGetProgramLogSize"),
-            log: f!("nvrtcGetProgramLog"),
-            ptx_size: f!("nvrtcGetPTXSize"),
-            ptx: f!("nvrtcGetPTX"),
-            cubin_size: f!("nvrtcGetCUBINSize"),
-            cubin: f!("nvrtcGetCUBIN"),
-            destroy: f!("nvrtcDestroyProgram"),
-            error_string: f!("nvrtcGetErrorString"),
+            version: f!("nvrtcVersion", FnVersion),
+            num_archs: f!("nvrtcGetNumSupportedArchs", FnInt),
+            archs: f!("nvrtcGetSupportedArchs", FnInt),
+            create: f!("nvrtcCreateProgram", FnCreate),
+            compile: f!("nvrtcCompileProgram", FnCompile),
+            log_size: f!("nvrtcGetProgramLogSize", FnSize),
+            log: f!("nvrtcGetProgramLog", FnBytes),
+            ptx_size: f!("nvrtcGetPTXSize", FnSize),
+            ptx: f!("nvrtcGetPTX", FnBytes),
+            cubin_size: f!("nvrtcGetCUBINSize", FnSize),
+            cubin: f!("nvrtcGetCUBIN", FnBytes),
+            destroy: f!("nvrtcDestroyProgram", FnDestroy),
+            error_string: f!("nvrtcGetErrorString", FnErrorString),
         };
         Ok(NvrtcLib { fns, path })
     }

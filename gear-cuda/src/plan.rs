@@ -167,17 +167,23 @@ pub fn prio_chunks(n: u64) -> (u64, u64) {
     (chunk_len, n.div_ceil(chunk_len))
 }
 
-/// Chunking of the top-k passes over `n` priorities for `k` results:
-/// (chunk length, chunks). Chunks of at least `4k` items (so each list is
-/// a small part of its chunk), at most 256 chunks (so the merge's
-/// chunks x candidates x log k work stays bounded).
-pub fn topk_chunks(n: u64, k: u64) -> (u64, u64) {
-    if n == 0 {
-        return (1, 0);
+/// The top-k sorting network over `n` priorities: the padded width `m`
+/// (the next power of two, at least 2) and every `(size, stride)` step of
+/// Batcher's bitonic sort, in launch order. Depends on `n` only, never on
+/// `k`: log2(m)(log2(m)+1)/2 steps of m/2 compare-exchanges each.
+pub fn topk_network(n: u64) -> (u64, Vec<(u64, u64)>) {
+    let m = n.max(2).next_power_of_two();
+    let mut steps = Vec::new();
+    let mut size = 2;
+    while size <= m {
+        let mut stride = size / 2;
+        while stride > 0 {
+            steps.push((size, stride));
+            stride /= 2;
+        }
+        size *= 2;
     }
-    let nchunks = (n / (4 * k.max(1))).clamp(1, 256);
-    let chunk_len = n.div_ceil(nchunks);
-    (chunk_len, n.div_ceil(chunk_len))
+    (m, steps)
 }
 
 /// Resolves duplicate indices in a batch of priority updates: keeps the
@@ -241,10 +247,16 @@ mod tests {
         for n in [1u64, 2, 7, 4096, 4097, 1_000_003] {
             let (len, c) = prio_chunks(n);
             assert!(len * c >= n && len * (c - 1) < n && c <= 4096, "{n}");
-            for k in [1u64, 5, 300] {
-                let (len, c) = topk_chunks(n, k);
-                assert!(len * c >= n && len * (c - 1) < n && c <= 256, "{n} {k}");
-            }
         }
+    }
+
+    #[test]
+    fn topk_network_is_batchers_and_independent_of_k() {
+        assert_eq!(topk_network(1), (2, vec![(2, 1)]));
+        assert_eq!(topk_network(3), (4, vec![(2, 1), (4, 2), (4, 1)]));
+        let (m, steps) = topk_network(1_000_000);
+        assert_eq!(m, 1 << 20);
+        assert_eq!(steps.len(), 20 * 21 / 2);
+        assert!(steps.iter().all(|&(size, stride)| stride < size && size <= m && size.is_power_of_two()));
     }
 }
