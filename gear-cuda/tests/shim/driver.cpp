@@ -71,11 +71,14 @@ static void op_gather() {
         cols[3 * c + 2] += (gear_u64)dst.back()->p;
     }
     std::vector<gear_u64> lengths(rows, ~0ULL);
+    std::memset(gear_loads, 0, sizeof gear_loads);
     gear_launch(dims(gx, gy), dims(bx, 1), [&] {
         gear_gather(row_src.data(), row_len.data(), cols.data(), rows, ncols, w_offset, w_len, pad_head,
                     lengths.data());
     });
     for (auto v : lengths) wr(v);
+    wr(gear_loads[1]);
+    wr(gear_loads[16]);
     for (gear_u64 c = 0; c < ncols; ++c) {
         wr_raw(dst[c]->p, rows * w_len * cols[3 * c + 1]);
         delete dst[c];
