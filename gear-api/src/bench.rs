@@ -584,3 +584,63 @@ pub fn sampler_process(
     print_stats(&SamplerStats { rows, bytes, seconds: start.elapsed().as_secs_f64() });
     Ok(())
 }
+
+/// End-to-end figures of [`crate::CudaSampler::sample`]: selection, the
+/// gather from the table in `/dev/shm` (registered for the device) and
+/// validation, for `gear bench --backend cuda`.
+#[cfg(feature = "cuda")]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CudaSampleReport {
+    /// Rows per batch.
+    pub batch: usize,
+    /// Batches timed.
+    pub batches: u64,
+    /// Mean wall-clock milliseconds per `sample()` (the batch complete on
+    /// the device when it returns).
+    pub ms_per_batch: f64,
+    /// Batches per second.
+    pub batches_per_s: f64,
+    /// Valid bytes gathered per second, in units of 10^9.
+    pub gb_per_s: f64,
+}
+
+/// Fills a `/dev/shm` table with `min(capacity, inserts)` trajectories and
+/// times `c.batches` calls of [`crate::CudaSampler::sample`] after a few
+/// untimed ones.
+#[cfg(feature = "cuda")]
+pub fn run_cuda_sample_bench(c: &BenchConfig) -> Result<CudaSampleReport> {
+    let spec = spec_for(c)?;
+    let config = sample_config(c)?;
+    let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
+    let name = format!("gear-bench-cuda-{}", std::process::id());
+    let table = ReplayTable::builder(spec.clone())
+        .shared_memory(name)
+        .sampler_kind(strategy, Default::default())
+        .seed(c.seed)
+        .build()?;
+    let data = Trajectories::new(c.steps, c.step_bytes, c.insert_batch);
+    data.insert(&table.writer(), c.capacity.min(c.inserts).max(1), |_| {})?;
+    let mut sampler = table.cuda_sampler(config, crate::CudaSamplerOptions::default())?;
+    for _ in 0..3 {
+        sampler.sample()?;
+    }
+    let mut bytes = 0u64;
+    let step_bytes: u64 = sampler.batch().layout().step_bytes().iter().sum();
+    let batches = c.batches.max(1);
+    let t = Instant::now();
+    for _ in 0..batches {
+        let b = sampler.sample()?;
+        bytes += b.lengths().iter().sum::<u64>() * step_bytes;
+    }
+    sampler.batch().synchronize()?;
+    let s = t.elapsed().as_secs_f64();
+    drop(sampler);
+    table.close();
+    Ok(CudaSampleReport {
+        batch: c.batch,
+        batches,
+        ms_per_batch: s * 1e3 / batches as f64,
+        batches_per_s: batches as f64 / s,
+        gb_per_s: bytes as f64 / s / 1e9,
+    })
+}

@@ -182,6 +182,23 @@ impl DeviceMemory {
         Ok(())
     }
 
+    /// Queues an asynchronous copy of all of `src` (page-locked) to `offset`
+    /// on `stream`.
+    ///
+    /// # Safety
+    /// `src` is neither written nor freed until `stream` has passed the copy.
+    pub unsafe fn copy_from_pinned_async(&self, offset: u64, src: &PinnedMemory, stream: &CudaStream) -> Result<()> {
+        let n = to_usize(src.len, "copy")?;
+        self.check_range(offset, n, "copy destination")?;
+        self.check_stream(stream)?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `src` is page-locked memory of `n` bytes, kept alive and
+        // unwritten until the stream passes the copy (the caller's
+        // obligation); the destination range was checked.
+        unsafe { ffi::copy_htod_async(self.ptr + offset, src.host.as_ptr(), n, stream.cu_stream()) }?;
+        Ok(())
+    }
+
     /// Queues a fill of the whole buffer with `value` on `stream`.
     pub fn fill_async(&self, value: u8, stream: &CudaStream) -> Result<()> {
         self.check_stream(stream)?;

@@ -211,11 +211,13 @@ echo "run.sh: all passed"
     s
 }
 
-/// `gear bench --backend cuda` at the batch sizes the issue names, after
-/// the tests.
-const GEAR_BENCH_LINES: &str = r#"for b in 32 256 1024; do
-    run gear bench --backend cuda --batch "$b"
+/// `gear bench --backend cuda` at batch sizes 32 to 1024, then once with an
+/// odd T (127 steps: slot strides and window starts not 16-byte aligned,
+/// so the gather's realigned path carries the bytes).
+const GEAR_BENCH_LINES: &str = r#"for b in 32 128 256 1024; do
+    run gear bench --backend cuda --batch "$b" --batches 200
 done
+run gear bench --backend cuda --batch 256 --steps 127 --batches 200
 "#;
 
 /// Strips symbols and debug info from `path` in place (binutils `strip`,
