@@ -318,7 +318,7 @@ fn cuda_bench(c: &BenchConfig, json: bool) -> ExitCode {
         ..Default::default()
     };
     let report = gear_cuda::bench::run_bench(&params).map_err(gear_api::Error::from).and_then(|r| {
-        let e2e = gear_api::bench::run_cuda_sample_bench(c)?;
+        let e2e = gear_api::bench::run_cuda_sample_bench(c, &[(1, 0), (2, 0), (2, c.capacity as usize)])?;
         Ok((r, e2e))
     });
     match report {
@@ -341,11 +341,19 @@ fn cuda_bench(c: &BenchConfig, json: bool) -> ExitCode {
         }
         Ok((r, e2e)) => {
             println!("{r}");
-            println!(
-                "cuda_sample (e2e)      {:>9.3} ms/batch {:>8.2} GB/s ({:.0} batches/s; selection, zero-copy gather from \
-                 /dev/shm, validation; {} batches)",
-                e2e.ms_per_batch, e2e.gb_per_s, e2e.batches_per_s, e2e.batches
-            );
+            for e in &e2e {
+                println!(
+                    "cuda_sample ring {} cache {:<5} {:>9.3} ms/batch {:>8.2} GB/s ({:.0} batches/s, {:.0}% rows from \
+                     the device cache; {} batches)",
+                    e.ring,
+                    e.cache_entries,
+                    e.ms_per_batch,
+                    e.gb_per_s,
+                    e.batches_per_s,
+                    100.0 * e.cached_share,
+                    e.batches
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
