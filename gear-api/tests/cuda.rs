@@ -353,3 +353,53 @@ fn hot_trajectories_are_gathered_from_the_device_cache() {
         check_last_batch(&sampler, &lens, &none, &format!("after reuse, round {round}"));
     }
 }
+
+/// GPU selection through the public API: `CudaPrioritized` as the table's
+/// sampling strategy keeps the priorities in device memory; the table's
+/// change log feeds it inserts and priority updates (from any process)
+/// before each draw, so a batch drawn after `update_priorities` follows
+/// the new priorities. Slots with priority 0 are never drawn.
+#[test]
+fn gpu_selection_follows_priority_updates() {
+    if !device_or_skip() {
+        return;
+    }
+    let dev = gear_cuda::CudaDevice::new(0).unwrap();
+    let strategy = gear_cuda::CudaPrioritized::new(&dev, 1.0, 0.0).unwrap();
+    let table = ReplayTable::builder(spec(12, 8)).sampler(strategy).seed(9).build().unwrap();
+    let mut lens = HashMap::new();
+    let mut keys = Vec::new();
+    for id in 0..8u8 {
+        let mut traj = table.writer().begin(Some(if id % 2 == 0 { 0.0 } else { 1.0 })).unwrap();
+        for s in 0..6u64 {
+            let obs: Vec<u8> = (0..37u8).map(|i| id ^ i ^ s as u8).collect();
+            traj.append_step(&[
+                StepValue::typed(&obs),
+                StepValue::typed(&[i32::from(id)]),
+                StepValue::typed(&[s as f64, f64::from(id)]),
+            ])
+            .unwrap();
+        }
+        let key = traj.end().unwrap();
+        lens.insert(key, 6);
+        keys.push(key);
+    }
+    let mut sampler =
+        table.cuda_sampler(SampleConfig::new(16, WindowSpec::last(4)), CudaSamplerOptions::new(0).ring(1)).unwrap();
+    let none = HashMap::new();
+    for round in 0..10 {
+        sampler.sample().unwrap();
+        let drawn = check_last_batch(&sampler, &lens, &none, &format!("round {round}"));
+        assert!(drawn.iter().all(|k| k.slot % 2 == 1), "a zero-priority slot was drawn: {drawn:?}");
+    }
+    // Only keys[2] keeps a weight: every later row is that trajectory.
+    let updates: Vec<(SlotKey, f64)> =
+        keys.iter().enumerate().map(|(i, &k)| (k, if i == 2 { 5.0 } else { 0.0 })).collect();
+    assert_eq!(table.update_priorities(&updates).unwrap(), 8);
+    for round in 0..5 {
+        sampler.sample().unwrap();
+        let drawn = check_last_batch(&sampler, &lens, &none, &format!("after update, round {round}"));
+        assert!(drawn.iter().all(|&k| k == keys[2]), "drawn after the update: {drawn:?}");
+        assert!(sampler.batch().probabilities().iter().all(|&p| (p - 1.0).abs() < 1e-12));
+    }
+}
