@@ -584,3 +584,96 @@ pub fn sampler_process(
     print_stats(&SamplerStats { rows, bytes, seconds: start.elapsed().as_secs_f64() });
     Ok(())
 }
+
+/// End-to-end figures of [`crate::CudaSampler::sample`]: selection, the
+/// gather from the table in `/dev/shm` (registered for the device) and
+/// validation, for `gear bench --backend cuda`.
+#[cfg(feature = "cuda")]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CudaSampleReport {
+    /// Rows per batch.
+    pub batch: usize,
+    /// Batches in the sampler's ring (1: no prefetch).
+    pub ring: usize,
+    /// Device-cache entries (0: every row zero-copy).
+    pub cache_entries: usize,
+    /// Share of the timed rows gathered from the device cache.
+    pub cached_share: f64,
+    /// Batches timed.
+    pub batches: u64,
+    /// Mean wall-clock milliseconds per `sample()` (the batch complete on
+    /// the device when it returns).
+    pub ms_per_batch: f64,
+    /// Batches per second.
+    pub batches_per_s: f64,
+    /// Valid bytes gathered per second, in units of 10^9.
+    pub gb_per_s: f64,
+}
+
+/// Fills a `/dev/shm` table with `min(capacity, inserts)` trajectories and
+/// times `c.batches` calls of [`crate::CudaSampler::sample`] after a few
+/// untimed ones, for each `(ring, cache entries)` in `variants` (ring 1:
+/// each call gathers its own batch; 2: the next batch is gathered in the
+/// background; cache entries: trajectories admitted to device memory after
+/// one draw, warmed up by the untimed batches).
+#[cfg(feature = "cuda")]
+pub fn run_cuda_sample_bench(c: &BenchConfig, variants: &[(usize, usize)]) -> Result<Vec<CudaSampleReport>> {
+    let spec = spec_for(c)?;
+    let config = sample_config(c)?;
+    let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
+    let name = format!("gear-bench-cuda-{}", std::process::id());
+    let table = ReplayTable::builder(spec.clone())
+        .shared_memory(name)
+        .sampler_kind(strategy, Default::default())
+        .seed(c.seed)
+        .build()?;
+    let data = Trajectories::new(c.steps, c.step_bytes, c.insert_batch);
+    data.insert(&table.writer(), c.capacity.min(c.inserts).max(1), |_| {})?;
+    let mut reports = Vec::new();
+    for &(ring, cache_entries) in variants {
+        let mut options = crate::CudaSamplerOptions::default().ring(ring);
+        if cache_entries > 0 {
+            options = options.cache(cache_entries, 1);
+        }
+        let mut sampler = table.cuda_sampler(config.clone(), options)?;
+        let warm = if cache_entries > 0 { 3 + 4 * c.capacity.div_ceil(c.batch as u64) } else { 3 };
+        for _ in 0..warm {
+            sampler.sample()?;
+        }
+        if cache_entries > 0 {
+            // Let the fill thread catch up before timing (until the cache
+            // stops growing).
+            let t = Instant::now();
+            loop {
+                let held = sampler.cached_trajectories();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                if sampler.cached_trajectories() == held || t.elapsed().as_secs_f64() > 20.0 {
+                    break;
+                }
+            }
+        }
+        let (mut bytes, mut cached) = (0u64, 0usize);
+        let step_bytes: u64 = sampler.batch().layout().step_bytes().iter().sum();
+        let batches = c.batches.max(1);
+        let t = Instant::now();
+        for _ in 0..batches {
+            let b = sampler.sample()?;
+            bytes += b.lengths().iter().sum::<u64>() * step_bytes;
+            cached += b.cuda_batch().cached_rows();
+        }
+        sampler.batch().synchronize()?;
+        let s = t.elapsed().as_secs_f64();
+        reports.push(CudaSampleReport {
+            batch: c.batch,
+            ring,
+            cache_entries,
+            cached_share: cached as f64 / (batches as f64 * c.batch as f64),
+            batches,
+            ms_per_batch: s * 1e3 / batches as f64,
+            batches_per_s: batches as f64 / s,
+            gb_per_s: bytes as f64 / s / 1e9,
+        });
+    }
+    table.close();
+    Ok(reports)
+}

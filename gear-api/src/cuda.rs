@@ -8,11 +8,17 @@
 //!
 //! One [`CudaSampler::sample`]: select under the table's protocol (rate
 //! limiter, `max_times_sampled`), queue the gather on the sampler's stream,
-//! wait for the batch's event, then validate every row's slot generation
-//! (gear-core's seqlock): rows whose slot was reused while the device read
-//! them are redrawn and the batch is gathered again. Validation has to wait
-//! for the event because only then has the device finished reading; the
-//! returned batch is therefore complete on the device.
+//! and, once the device has finished reading, validate every row's slot
+//! generation (gear-core's seqlock): rows whose slot was reused while the
+//! device read them are redrawn and only those rows gathered again. With a
+//! ring of batches (the default, two) the gather of the next batch is
+//! started before `sample()` returns and validated at the next call, so it
+//! overlaps the trainer's step; see [`CudaSamplerOptions`].
+//!
+//! Hot trajectories can be kept in device memory
+//! ([`CudaSamplerOptions::cache`]): admitted once sampled a given number of
+//! times, filled by a thread of their own, gathered from HBM in the same
+//! launch as the zero-copy rows.
 //!
 //! Registration: the driver refuses to register a range twice, so every
 //! `CudaSampler` of one table in one process shares one registration (and
@@ -23,24 +29,24 @@
 //! [`Error::Backend`] holding gear-cuda's `BackendUnavailable` (message
 //! `backend: cuda backend unavailable: ...`); nothing panics.
 //!
-//! Not yet run on a GPU: this module was only built and tested on machines
-//! without one. The device tests in `gear-api/tests/cuda.rs` (every batch
-//! byte-for-byte against the CPU collector and the CPU sampler) are packed
-//! by `cargo xtask gpu-test` for a GPU machine.
+//! The device tests in `gear-api/tests/cuda.rs` (every batch byte for byte
+//! against the CPU collector and the CPU sampler) are packed by
+//! `cargo xtask gpu-test`; they passed on an H100 on 2026-11-22.
 
 use crate::error::{Error, Result};
 use crate::sampler::{BatchMeta, Draws, RowGather, SampleConfig};
 use crate::table::ReplayTable;
+use gear_core::TableRegion;
 use gear_core::{BatchLayout, DType, GatherRow, MemoryKind, MemoryRegion, SlotKey, TableView};
 use gear_cuda::cudarc::driver::{CudaEvent, CudaStream};
-use gear_cuda::{CudaBatch, CudaCollector, CudaDevice, DeviceMemory, RegisteredRegion};
+use gear_cuda::{CudaBatch, CudaCollector, CudaDevice, DeviceCache, DeviceMemory, RegisteredRegion};
+use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-/// The CUDA collector as a [`RowGather`]: each copy is queued on the
-/// sampler's stream and waited for, since the rows can only be validated
-/// once the device has finished reading them. gear-cuda gathers whole
-/// batches, so redrawn rows are copied with the rest again.
+/// The CUDA collector as a [`RowGather`]: a gather is only queued (the
+/// protocol's `finish` settles it before validating); a regather copies
+/// only the redrawn rows and waits, since validation follows at once.
 struct DeviceRows<'a> {
     collector: &'a CudaCollector,
     view: TableView<'a>,
@@ -49,12 +55,12 @@ struct DeviceRows<'a> {
 
 impl RowGather for DeviceRows<'_> {
     fn gather(&mut self, _: &BatchLayout, rows: &[GatherRow]) -> Result<()> {
-        self.collector.gather_into(&self.view, rows, self.batch)?;
-        Ok(self.batch.synchronize()?)
+        Ok(self.collector.gather_into(&self.view, rows, self.batch)?)
     }
 
-    fn regather(&mut self, layout: &BatchLayout, rows: &[GatherRow], _: &[usize]) -> Result<()> {
-        self.gather(layout, rows)
+    fn regather(&mut self, _: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()> {
+        self.collector.regather_rows(&self.view, rows, which, self.batch)?;
+        Ok(self.batch.synchronize()?)
     }
 
     fn settle(&mut self) -> Result<()> {
@@ -78,29 +84,75 @@ impl From<gear_cuda::Error> for Error {
     }
 }
 
-/// Which GPU a [`CudaSampler`] gathers on, and on which stream.
-#[derive(Clone, Debug, Default)]
+/// Which GPU a [`CudaSampler`] gathers on, the trainer's stream, and how
+/// many batches it keeps.
+#[derive(Clone, Debug)]
 pub struct CudaSamplerOptions {
     /// CUDA device ordinal (default 0).
     pub ordinal: usize,
-    /// The stream to queue gathers on, normally the trainer's own, so the
-    /// next gather is ordered after the kernels that read the last batch.
-    /// It must belong to device `ordinal`'s primary context. `None`: the
-    /// device handle's stream; the trainer then waits on the batch's event
-    /// ([`CudaSampledBatch::wait_on`]) and must finish reading a batch
-    /// before sampling again.
+    /// The trainer's stream, which must belong to device `ordinal`'s
+    /// primary context. With a ring of two or more batches, gathers run on
+    /// a stream of their own; each returned batch makes this stream wait
+    /// (on the device) for its gather, and a batch buffer is overwritten
+    /// only after this stream has passed the work queued on it before the
+    /// sampler was called again. With a ring of one, gathers are queued on
+    /// this stream itself. `None`: the device handle's stream, and the
+    /// trainer must finish reading a batch before sampling again.
     pub stream: Option<Arc<CudaStream>>,
+    /// Batches kept (default 2): with two or more, `sample()` returns the
+    /// batch gathered in the background since the previous call and starts
+    /// gathering the next one before returning, so the gather overlaps the
+    /// training step. 1: no prefetch, each call gathers its own batch.
+    /// Tables with `max_times_sampled` (queues, stacks) never prefetch: a
+    /// prefetched batch would take rows out that no trainer may receive.
+    pub ring: usize,
+    /// Trajectories to keep in device memory (0, the default: none). See
+    /// [`CudaSamplerOptions::cache`].
+    pub cache_entries: usize,
+    /// Admission rule of the device cache: a trajectory is copied to
+    /// device memory once its slot has been sampled this many times
+    /// (counted in the shared slot record, by every sampler of every
+    /// process; default 2).
+    pub cache_admit_after: u64,
+}
+
+impl Default for CudaSamplerOptions {
+    fn default() -> Self {
+        CudaSamplerOptions { ordinal: 0, stream: None, ring: 2, cache_entries: 0, cache_admit_after: 2 }
+    }
 }
 
 impl CudaSamplerOptions {
-    /// Device `ordinal`, its default stream.
+    /// Device `ordinal`, its default stream, a ring of two batches.
     pub fn new(ordinal: usize) -> Self {
-        CudaSamplerOptions { ordinal, stream: None }
+        CudaSamplerOptions { ordinal, ..Default::default() }
     }
 
-    /// Queue gathers on `stream`.
+    /// The trainer's stream (see [`CudaSamplerOptions::stream`]).
     pub fn stream(mut self, stream: Arc<CudaStream>) -> Self {
         self.stream = Some(stream);
+        self
+    }
+
+    /// Keep `n` batches (at least 1; see [`CudaSamplerOptions::ring`]).
+    pub fn ring(mut self, n: usize) -> Self {
+        self.ring = n;
+        self
+    }
+
+    /// Keep up to `entries` hot trajectories in device memory
+    /// (`entries * slot stride` bytes) and gather them from there; the
+    /// rest is read zero-copy from the table. A trajectory is admitted once
+    /// its slot has been sampled `admit_after` times (any sampler, any
+    /// process); when the cache is full the oldest admission is replaced.
+    /// Fills run on a thread of their own and never block `sample()`: until
+    /// a copy is complete the row is read zero-copy. Cached rows are checked
+    /// against the slot's current key when a gather is planned and validated
+    /// after it like every other row, so a reused slot is never served from
+    /// a stale copy.
+    pub fn cache(mut self, entries: usize, admit_after: u64) -> Self {
+        self.cache_entries = entries;
+        self.cache_admit_after = admit_after.max(1);
         self
     }
 }
@@ -195,6 +247,10 @@ impl MappingShare {
             return Ok(MappingShare(Some(m)));
         }
         let device = CudaDevice::new(ordinal)?;
+        // Kernels are loaded once per process and device; a missing or
+        // unusable kernel image (or NVRTC, when needed) is reported here,
+        // at sampler creation, not by the first sample().
+        device.warm_up()?;
         let region = device.register(TableMemory { table: table.clone() })?;
         let m = Arc::new(Mapping { region, device });
         map.push((base, Arc::downgrade(&m)));
@@ -353,19 +409,89 @@ impl CudaSampledBatch {
     }
 }
 
+/// A sampler's device cache, the thread that fills it, and the admission
+/// bookkeeping.
+struct CacheFill {
+    cache: Arc<DeviceCache<TableMemory>>,
+    /// Bounded: a full queue drops the request rather than block sampling.
+    tx: Option<std::sync::mpsc::SyncSender<SlotKey>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    admit_after: u64,
+    /// Keys already sent (cleared when it grows past a few cache sizes).
+    requested: HashSet<SlotKey>,
+}
+
+impl CacheFill {
+    fn new(device: &CudaDevice, table: &ReplayTable, entries: usize, admit_after: u64) -> Result<Self> {
+        let region = TableRegion::open(TableMemory { table: table.clone() }, Some(table.spec()))?;
+        let cache = Arc::new(DeviceCache::new(device, Arc::new(region), entries)?);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<SlotKey>(entries.clamp(16, 4096));
+        let filler = cache.clone();
+        let thread = std::thread::Builder::new()
+            .name("gear-cuda-cache-fill".into())
+            .spawn(move || {
+                for key in rx {
+                    // A key gone stale before or during its copy is simply
+                    // not cached.
+                    let _ = filler.insert(key);
+                }
+            })
+            .map_err(|e| Error::Config(format!("cannot start the cache fill thread: {e}")))?;
+        Ok(CacheFill { cache, tx: Some(tx), thread: Some(thread), admit_after, requested: HashSet::new() })
+    }
+
+    /// Applies the admission rule to the rows of a finished batch.
+    fn admit(&mut self, table: &ReplayTable, keys: &[SlotKey]) {
+        let Some(tx) = &self.tx else { return };
+        if self.requested.len() > 4 * self.cache.capacity() {
+            self.requested.clear();
+        }
+        let slots = table.shared.region.slots();
+        for &key in keys {
+            if self.requested.contains(&key) || self.cache.contains(key) {
+                continue;
+            }
+            if slots[key.slot as usize].meta(key.slot).times_sampled >= self.admit_after && tx.try_send(key).is_ok() {
+                self.requested.insert(key);
+            }
+        }
+    }
+}
+
+impl Drop for CacheFill {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Draws batches from one table and gathers them on a GPU, reading the
 /// table's host memory zero-copy. Get one with [`ReplayTable::cuda_sampler`].
 ///
-/// The batch buffers are reused: the next [`CudaSampler::sample`] overwrites
-/// them. With the trainer's stream in [`CudaSamplerOptions::stream`] that
-/// overwrite is ordered after the trainer's kernels; otherwise finish
-/// reading a batch before sampling again.
+/// Batches live in a ring ([`CudaSamplerOptions::ring`], two by default):
+/// [`CudaSampler::sample`] hands out the batch gathered since the previous
+/// call and starts the next one, so a returned batch stays intact until
+/// the call after next. See [`CudaSamplerOptions::stream`] for how device
+/// reads of a batch are ordered before its buffer is reused.
 pub struct CudaSampler {
     table: ReplayTable,
     collector: CudaCollector,
-    batch: CudaSampledBatch,
+    /// The batches; `ring[current]` is the one last returned.
+    ring: Vec<CudaSampledBatch>,
+    current: usize,
+    /// Whether `ring[(current + 1) % len]` holds a started batch that
+    /// `finish` has not seen yet, or the error its start hit.
+    pending: Option<Result<()>>,
+    /// The trainer's stream, when it is not the collector's.
+    trainer: Option<Arc<CudaStream>>,
+    prefetch: bool,
     draws: Draws,
-    /// Declared last: the registration outlives the batch, whose drop
+    /// The device cache and its fill thread, joined before the batches and
+    /// the registration go.
+    fill: Option<CacheFill>,
+    /// Declared last: the registration outlives the batches, whose drop
     /// waits for any gather still reading the table.
     mapping: MappingShare,
 }
@@ -376,6 +502,8 @@ impl std::fmt::Debug for CudaSampler {
             .field("table", &self.table)
             .field("device", &self.mapping.get().device)
             .field("layout", &self.draws.layout)
+            .field("ring", &self.ring.len())
+            .field("prefetch", &self.prefetch)
             .finish()
     }
 }
@@ -395,15 +523,50 @@ impl ReplayTable {
 impl CudaSampler {
     fn new(table: ReplayTable, config: SampleConfig, options: CudaSamplerOptions) -> Result<Self> {
         // Check the request before touching the device.
+        if options.ring == 0 {
+            return Err(Error::Config("a cuda sampler needs a ring of at least one batch".into()));
+        }
         let (draws, meta) = Draws::new(&table, &config)?;
         let mapping = MappingShare::for_table(&table, options.ordinal)?;
         let m = mapping.get();
         let mut collector = CudaCollector::new(&m.device);
-        if let Some(stream) = options.stream {
-            collector = collector.on_stream(stream)?;
+        let mut trainer = None;
+        match (options.stream, options.ring) {
+            (Some(s), 1) => collector = collector.on_stream(s)?,
+            (Some(s), _) => {
+                collector = collector.on_stream(m.device.new_stream()?)?;
+                if **s.context() != **m.device.context() {
+                    return Err(Error::Config("the trainer's stream belongs to another device context".into()));
+                }
+                trainer = Some(s);
+            }
+            (None, 1) => {}
+            (None, _) => collector = collector.on_stream(m.device.new_stream()?)?,
         }
-        let device = collector.alloc(&draws.layout)?;
-        Ok(CudaSampler { table, collector, batch: CudaSampledBatch { device, meta }, draws, mapping })
+        let fill = match options.cache_entries {
+            0 => None,
+            n => {
+                let f = CacheFill::new(&m.device, &table, n, options.cache_admit_after)?;
+                collector = collector.with_cache(f.cache.clone())?;
+                Some(f)
+            }
+        };
+        let ring = (0..options.ring)
+            .map(|_| Ok(CudaSampledBatch { device: collector.alloc(&draws.layout)?, meta: meta.clone() }))
+            .collect::<Result<Vec<_>>>()?;
+        let prefetch = options.ring > 1 && table.max_times_sampled().is_none();
+        Ok(CudaSampler {
+            table,
+            collector,
+            current: ring.len() - 1,
+            ring,
+            pending: None,
+            trainer,
+            prefetch,
+            draws,
+            fill,
+            mapping,
+        })
     }
 
     /// The table's data area as gathers see it: its host address and its
@@ -413,22 +576,88 @@ impl CudaSampler {
         self.mapping.view()
     }
 
-    /// Draws and gathers one batch on the device. Waits (up to the
-    /// timeout) while the table is empty or the rate limiter holds samplers
-    /// back. Returns once the gather has completed and every row was
-    /// validated: rows whose trajectory was evicted and overwritten while
-    /// the device read it are redrawn, so a batch never mixes two
-    /// trajectories in a row.
+    /// Returns the next batch, complete on the device and validated: rows
+    /// whose trajectory was evicted and overwritten while the device read
+    /// them were redrawn and only those rows gathered again, so a batch
+    /// never mixes two trajectories in a row. With prefetch (a ring of two
+    /// or more, the default) the batch was gathered in the background since
+    /// the previous call, which then only waits if that gather is still
+    /// running, and the next batch is started before returning (without
+    /// waiting for the rate limiter: if it holds samplers back, the next
+    /// call draws and waits instead). Waits (up to the timeout) while the
+    /// table is empty or the rate limiter holds samplers back.
     pub fn sample(&mut self) -> Result<&CudaSampledBatch> {
+        let n = self.ring.len();
+        let slot = (self.current + 1) % n;
+        match self.pending.take() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(e),
+            None => {
+                let timeout = self.draws.timeout;
+                self.start(slot, timeout)?;
+            }
+        }
+        self.finish(slot)?;
+        self.current = slot;
+        if let Some(fill) = &mut self.fill {
+            fill.admit(&self.table, &self.ring[slot].meta.keys);
+        }
+        if let Some(trainer) = &self.trainer {
+            // The trainer's later kernels read the batch after its gather,
+            // with no host wait.
+            self.ring[slot].device.wait_on(trainer)?;
+        }
+        if self.prefetch {
+            match self.start((slot + 1) % n, Some(std::time::Duration::ZERO)) {
+                Ok(()) => self.pending = Some(Ok(())),
+                // Not admitted right now: the next call draws, and waits.
+                Err(Error::Timeout { .. }) | Err(Error::Core(gear_core::Error::Empty(_))) => {}
+                Err(e) => self.pending = Some(Err(e)),
+            }
+        }
+        Ok(&self.ring[slot])
+    }
+
+    /// Draws into `ring[i]` and queues its gather, after the trainer has
+    /// passed the work it queued before this call (the buffer's last
+    /// reader).
+    fn start(&mut self, i: usize, timeout: Option<std::time::Duration>) -> Result<()> {
+        if let Some(trainer) = &self.trainer {
+            let cuda = |e| Error::from(gear_cuda::Error::from(e));
+            let released = trainer.record_event(None).map_err(cuda)?;
+            self.collector.stream().wait(&released).map_err(cuda)?;
+        }
         let view = self.mapping.view();
-        let mut copy = DeviceRows { collector: &self.collector, view, batch: &mut self.batch.device };
-        self.draws.sample(&self.table, &mut copy, &mut self.batch.meta)?;
-        Ok(&self.batch)
+        let mut copy = DeviceRows { collector: &self.collector, view, batch: &mut self.ring[i].device };
+        self.draws.start(&self.table, &mut copy, timeout)
+    }
+
+    /// Settles, validates and describes `ring[i]`.
+    fn finish(&mut self, i: usize) -> Result<()> {
+        let view = self.mapping.view();
+        let b = &mut self.ring[i];
+        let mut copy = DeviceRows { collector: &self.collector, view, batch: &mut b.device };
+        self.draws.finish(&self.table, &mut copy, &mut b.meta)
+    }
+
+    /// Whether the next batch is already being gathered.
+    pub fn is_prefetching(&self) -> bool {
+        matches!(self.pending, Some(Ok(())))
+    }
+
+    /// Batches in the ring.
+    pub fn ring_len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Trajectories now held in the device cache (0 without one).
+    pub fn cached_trajectories(&self) -> usize {
+        self.fill.as_ref().map_or(0, |f| f.cache.len())
     }
 
     /// The last batch [`CudaSampler::sample`] returned.
     pub fn batch(&self) -> &CudaSampledBatch {
-        &self.batch
+        &self.ring[self.current]
     }
 
     /// The table this sampler draws from.

@@ -328,22 +328,43 @@ fn cuda_bench(c: &BenchConfig, json: bool) -> ExitCode {
         window: if c.window_len == 0 { c.steps } else { c.window_len },
         ..Default::default()
     };
-    match gear_cuda::bench::run_bench(&params) {
-        Ok(r) if json => {
+    let report = gear_cuda::bench::run_bench(&params).map_err(gear_api::Error::from).and_then(|r| {
+        let e2e = gear_api::bench::run_cuda_sample_bench(c, &[(1, 0), (2, 0), (2, c.capacity as usize)])?;
+        Ok((r, e2e))
+    });
+    match report {
+        Ok((r, e2e)) if json => {
             let v = serde_json::json!({
                 "backend": "cuda",
                 "device": r.device,
+                "table_memory": r.table_memory,
+                "batch": r.params.batch,
                 "batch_bytes": r.batch_bytes,
+                "pinned_h2d_copy_gb_per_s": r.pinned_copy.gb_per_s,
                 "zero_copy_gb_per_s": r.zero_copy.gb_per_s,
                 "device_cache_gb_per_s": r.device_cache.gb_per_s,
                 "d2d_copy_gb_per_s": r.device_copy.gb_per_s,
                 "outputs_match": r.outputs_match,
+                "sample": e2e,
             });
             println!("{v}");
             ExitCode::SUCCESS
         }
-        Ok(r) => {
+        Ok((r, e2e)) => {
             println!("{r}");
+            for e in &e2e {
+                println!(
+                    "cuda_sample ring {} cache {:<5} {:>9.3} ms/batch {:>8.2} GB/s ({:.0} batches/s, {:.0}% rows from \
+                     the device cache; {} batches)",
+                    e.ring,
+                    e.cache_entries,
+                    e.ms_per_batch,
+                    e.gb_per_s,
+                    e.batches_per_s,
+                    100.0 * e.cached_share,
+                    e.batches
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -72,7 +72,7 @@ impl SampleConfig {
 
 /// What every batch carries whatever the backend: the requested columns
 /// (names, dtypes, shapes), and per row the key, probability and weight.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct BatchMeta {
     pub(crate) names: Vec<String>,
     pub(crate) dtypes: Vec<DType>,
@@ -128,7 +128,10 @@ pub(crate) trait RowGather {
 #[derive(Debug)]
 pub(crate) struct Draws {
     pub(crate) layout: BatchLayout,
-    timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
+    /// When the batch being drawn must be ready (from the timeout of the
+    /// call that started it); redraws of torn rows share it.
+    deadline: Option<Instant>,
     draws: Vec<(Sampled, u64)>,
     redraws: Vec<(Sampled, u64)>,
     rows: Vec<GatherRow>,
@@ -178,6 +181,7 @@ impl Draws {
             step_bytes: layout.step_bytes().iter().sum(),
             layout,
             timeout: config.timeout,
+            deadline: None,
             draws: Vec::with_capacity(n),
             redraws: Vec::new(),
             rows: Vec::with_capacity(n),
@@ -193,16 +197,43 @@ impl Draws {
     /// Rows whose trajectory was evicted and overwritten during the copy are
     /// redrawn, so a returned batch never mixes two trajectories in a row.
     pub(crate) fn sample(&mut self, table: &ReplayTable, copy: &mut dyn RowGather, meta: &mut BatchMeta) -> Result<()> {
+        let timeout = self.timeout;
+        self.start(table, copy, timeout)?;
+        self.finish(table, copy, meta)
+    }
+
+    /// The first half of [`Draws::sample`], for samplers that pipeline:
+    /// draws a batch (waiting up to `timeout` for the rate limiter) and has
+    /// `copy` start gathering it; [`Draws::finish`] must follow, with the
+    /// same `copy`, before the next `start`. On an error nothing is left
+    /// pending.
+    pub(crate) fn start(
+        &mut self,
+        table: &ReplayTable,
+        copy: &mut dyn RowGather,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
         self.draws.clear();
         self.selection.retiring.clear();
-        let result = self.draw_and_copy(table, copy);
-        if result.is_err() && !self.selection.retiring.is_empty() {
-            // A copy may still be reading rows about to be freed.
-            let _ = copy.settle();
+        let result = self.draw_and_start(table, copy, timeout);
+        if result.is_err() {
+            self.settle_and_retire(table, copy);
+        }
+        result
+    }
+
+    /// The second half: validates the rows once `copy` has finished reading
+    /// them (each `RowGather` call returns only then), redraws and regathers
+    /// torn rows, frees retiring rows and fills `meta`.
+    pub(crate) fn finish(&mut self, table: &ReplayTable, copy: &mut dyn RowGather, meta: &mut BatchMeta) -> Result<()> {
+        let result = copy.settle().and_then(|()| self.validate(table, copy));
+        if result.is_err() {
+            self.settle_and_retire(table, copy);
+            return result;
         }
         // Rows retired by max_times_sampled are freed only after the copy.
         table.retire(&self.selection.retiring);
-        result?;
+        self.selection.retiring.clear();
         meta.keys.clear();
         meta.probabilities.clear();
         meta.weights.clear();
@@ -218,19 +249,37 @@ impl Draws {
         Ok(())
     }
 
-    fn draw_and_copy(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) -> Result<()> {
+    /// After an error: a copy may still be reading rows about to be freed.
+    fn settle_and_retire(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) {
+        if !self.selection.retiring.is_empty() {
+            let _ = copy.settle();
+        }
+        table.retire(&self.selection.retiring);
+        self.selection.retiring.clear();
+    }
+
+    fn draw_and_start(
+        &mut self,
+        table: &ReplayTable,
+        copy: &mut dyn RowGather,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
         let n = self.layout.rows();
         // One deadline for the whole call: the first draw, and redraws of
-        // rows overwritten during the copy.
-        let deadline = self.timeout.map(|t| Instant::now() + t);
-        table.select(n, deadline, true, &mut self.selection, &mut self.draws)?;
+        // rows overwritten during the copy (in `validate`).
+        self.deadline = timeout.map(|t| Instant::now() + t);
+        table.select(n, self.deadline, true, &mut self.selection, &mut self.draws)?;
         self.rows.clear();
         for r in 0..n {
             let (s, len) = self.draws[r];
             let row = self.row(s.key, len);
             self.rows.push(row);
         }
-        copy.gather(&self.layout, &self.rows)?;
+        copy.gather(&self.layout, &self.rows)
+    }
+
+    fn validate(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) -> Result<()> {
+        let n = self.layout.rows();
         let slots = table.shared.region.slots();
         for attempt in 1..=MAX_COPY_ATTEMPTS {
             self.torn.clear();
@@ -245,7 +294,7 @@ impl Draws {
                 break;
             }
             self.redraws.clear();
-            table.select(self.torn.len(), deadline, false, &mut self.selection, &mut self.redraws)?;
+            table.select(self.torn.len(), self.deadline, false, &mut self.selection, &mut self.redraws)?;
             for i in 0..self.torn.len().min(self.redraws.len()) {
                 let (r, d) = (self.torn[i], self.redraws[i]);
                 self.draws[r] = d;

@@ -21,6 +21,13 @@ struct alignas(16) gear_v16 {
     gear_u64 hi;
 };
 
+// Called by the gather before each source load with the load's width in
+// bytes. Nothing on the device; the CPU shim counts them, so tests can show
+// how many bytes each load moves (tests/shim/shim.h).
+#ifndef GEAR_COUNT_LOAD
+#define GEAR_COUNT_LOAD(bytes)
+#endif
+
 // Index of this thread in a 1-D grid-stride loop over x.
 __device__ __forceinline__ gear_u64 gear_thread_x() {
     return (gear_u64)blockIdx.x * (gear_u64)blockDim.x + (gear_u64)threadIdx.x;

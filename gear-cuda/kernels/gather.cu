@@ -32,35 +32,61 @@ __device__ __forceinline__ void gear_resolve(gear_u64 k, gear_i64 offset, gear_u
     *dst_step = pad_head ? len - n : 0ULL;
 }
 
-// Copies n bytes in words of W: a byte head up to W-alignment of dst, whole
-// words, then a byte tail. Callers choose W so that src and dst are equally
-// misaligned modulo sizeof(W), which makes the word accesses aligned on both.
-template <typename W>
-__device__ __forceinline__ void gear_copy_words(gear_u8* __restrict__ dst, const gear_u8* __restrict__ src,
-                                                gear_u64 n, gear_u64 tid, gear_u64 nthreads) {
-    const gear_u64 w = (gear_u64)sizeof(W);
-    gear_u64 head = (w - ((gear_u64)dst & (w - 1))) & (w - 1);
-    if (head > n) head = n;
-    gear_u64 words = (n - head) / w;
-    gear_u64 tail = head + words * w;
-    for (gear_u64 i = tid; i < head; i += nthreads) dst[i] = src[i];
-    W* dw = (W*)(dst + head);
-    const W* sw = (const W*)(src + head);
-    for (gear_u64 i = tid; i < words; i += nthreads) dw[i] = sw[i];
-    for (gear_u64 i = tail + tid; i < n; i += nthreads) dst[i] = src[i];
+// (x >> sh) | (y << (64 - sh)): the 8 bytes starting sh/8 bytes into the
+// little-endian pair (x, y); sh in [0, 64).
+__device__ __forceinline__ gear_u64 gear_funnel(gear_u64 x, gear_u64 y, gear_u32 sh) {
+    return sh == 0 ? x : (x >> sh) | (y << (64u - sh));
 }
 
+// Copies n bytes: a byte head up to the 16-byte alignment of dst, then whole
+// 16-byte words stored aligned, then a byte tail. Each word is loaded
+// aligned too, whatever the source's alignment: when src and dst differ
+// modulo 16 (an unpadded layout: odd T with [4096, 4, 4] columns, f32 [17],
+// odd slot strides), the thread loads the two aligned 16-byte words that
+// cover its 16 source bytes and funnel-shifts them into place. Neither load
+// leaves the aligned 16-byte words holding wanted bytes, so none crosses a
+// page the copy does not already read. Neighbouring threads load
+// overlapping words in the same instruction pair, which the L1 serves.
 __device__ __forceinline__ void gear_copy(gear_u8* __restrict__ dst, const gear_u8* __restrict__ src, gear_u64 n,
                                           gear_u64 tid, gear_u64 nthreads) {
-    gear_u64 rel = (gear_u64)dst ^ (gear_u64)src;
-    if ((rel & 15ULL) == 0) {
-        gear_copy_words<gear_v16>(dst, src, n, tid, nthreads);
-    } else if ((rel & 7ULL) == 0) {
-        gear_copy_words<gear_u64>(dst, src, n, tid, nthreads);
-    } else if ((rel & 3ULL) == 0) {
-        gear_copy_words<gear_u32>(dst, src, n, tid, nthreads);
+    gear_u64 head = (16ULL - ((gear_u64)dst & 15ULL)) & 15ULL;
+    if (head > n) head = n;
+    const gear_u64 words = (n - head) / 16ULL;
+    const gear_u64 tail = head + words * 16ULL;
+    for (gear_u64 i = tid; i < head; i += nthreads) {
+        GEAR_COUNT_LOAD(1);
+        dst[i] = src[i];
+    }
+    gear_v16* dw = (gear_v16*)(dst + head);
+    const gear_u8* s = src + head;
+    const gear_u64 off = (gear_u64)s & 15ULL;
+    const gear_v16* sw = (const gear_v16*)(s - off);
+    if (off == 0) {
+        for (gear_u64 i = tid; i < words; i += nthreads) {
+            GEAR_COUNT_LOAD(16);
+            dw[i] = sw[i];
+        }
     } else {
-        for (gear_u64 i = tid; i < n; i += nthreads) dst[i] = src[i];
+        const gear_u32 sh = (gear_u32)(off & 7ULL) * 8u;
+        const bool high = off >= 8;
+        for (gear_u64 i = tid; i < words; i += nthreads) {
+            GEAR_COUNT_LOAD(16);
+            GEAR_COUNT_LOAD(16);
+            const gear_v16 x0 = sw[i];
+            const gear_v16 x1 = sw[i + 1];
+            // The 24 bytes from which the word is cut start at lane 0 or 1.
+            const gear_u64 a0 = high ? x0.hi : x0.lo;
+            const gear_u64 a1 = high ? x1.lo : x0.hi;
+            const gear_u64 a2 = high ? x1.hi : x1.lo;
+            gear_v16 o;
+            o.lo = gear_funnel(a0, a1, sh);
+            o.hi = gear_funnel(a1, a2, sh);
+            dw[i] = o;
+        }
+    }
+    for (gear_u64 i = tail + tid; i < n; i += nthreads) {
+        GEAR_COUNT_LOAD(1);
+        dst[i] = src[i];
     }
 }
 

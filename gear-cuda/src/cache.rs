@@ -64,6 +64,8 @@ struct CacheState {
     /// Per stream that gathered from `mem`: an event recorded after its
     /// latest such gather. All are waited for before an entry is overwritten.
     in_use: Vec<(Arc<CudaStream>, CudaEvent)>,
+    /// Entries an `insert` is copying into (not in `by_slot` or `order`).
+    filling: Vec<usize>,
 }
 
 /// A fixed number of trajectories of one table, copied to device memory.
@@ -96,6 +98,7 @@ impl<R: MemoryRegion> DeviceCache<R> {
             by_slot: HashMap::new(),
             order: VecDeque::new(),
             in_use: Vec::new(),
+            filling: Vec::new(),
         };
         Ok(DeviceCache { table, mem, capacity, state: Mutex::new(state) })
     }
@@ -137,41 +140,64 @@ impl<R: MemoryRegion> DeviceCache<R> {
     /// copy (the cache is then unchanged) or during it (the chosen entry is
     /// then left empty).
     ///
-    /// Blocks: it waits for queued gathers that read the cache, then copies
-    /// synchronously, holding the cache lock (gathers with this cache wait
-    /// meanwhile). Call it off the training loop's critical path.
+    /// Blocks the caller, not the samplers: the entry is taken out of use
+    /// under the cache lock, then, with the lock released, the call waits
+    /// for gathers queued before that may still read the entry and copies
+    /// the trajectory; gathers meanwhile read that row zero-copy. Call it
+    /// off the training loop's critical path (a fill thread, as
+    /// `gear_api::CudaSampler` does).
     pub fn insert(&self, key: SlotKey) -> Result<Option<SlotKey>> {
         let rec = self.table.slot(key.slot)?;
         let stale = || gear_core::Error::StaleKey { slot: key.slot, generation: key.generation };
         // Refuse a stale key before touching any entry.
         let len = rec.read_begin(key).ok_or_else(stale)?;
-        let mut st = self.lock();
-        // Pick the entry: the slot's own, a free one, or the oldest.
-        let mut evicted = None;
-        let idx = if let Some(&i) = st.by_slot.get(&key.slot) {
-            i
-        } else if let Some(i) = st.entries.iter().position(Option::is_none) {
-            i
-        } else {
-            let i = st.order.pop_front().expect("a full cache has an oldest entry");
-            let old = st.entries[i].take().expect("ordered entries are occupied");
-            st.by_slot.remove(&old.key.slot);
-            evicted = Some(old.key);
-            i
+        let (idx, evicted, waits) = {
+            let mut st = self.lock();
+            // Pick the entry: the slot's own, a free one, or the oldest;
+            // never one another insert is filling.
+            let mut evicted = None;
+            let idx = if let Some(&i) = st.by_slot.get(&key.slot) {
+                i
+            } else if let Some(i) = (0..st.entries.len()).find(|&i| st.entries[i].is_none() && !st.filling.contains(&i))
+            {
+                i
+            } else if let Some(i) = st.order.pop_front() {
+                let old = st.entries[i].expect("ordered entries are occupied");
+                evicted = Some(old.key);
+                i
+            } else {
+                return Err(Error::InvalidArgument("every cache entry is being filled".into()));
+            };
+            // Take the entry out of the index while it is rewritten: no new
+            // gather reads it, and a failed copy leaves it free.
+            if let Some(old) = st.entries[idx].take() {
+                st.by_slot.remove(&old.key.slot);
+            }
+            st.order.retain(|&j| j != idx);
+            st.filling.push(idx);
+            // Gathers queued so far may still read the entry: mark each
+            // stream's position now, wait outside the lock.
+            let mut waits = Vec::with_capacity(st.in_use.len());
+            for (stream, _) in &st.in_use {
+                waits.push(stream.record_event(None)?);
+            }
+            (idx, evicted, waits)
         };
-        // Drop the entry from the index while it is rewritten, so a failed
-        // copy leaves it free rather than half-written.
-        if let Some(old) = st.entries[idx].take() {
-            st.by_slot.remove(&old.key.slot);
-        }
-        st.order.retain(|&j| j != idx);
-        // No queued gather may still read the entry.
-        for (_, event) in &st.in_use {
-            event.synchronize()?;
-        }
-        self.copy_slot(key.slot, idx, len)?;
+        let filled = waits
+            .iter()
+            .try_for_each(|e| e.synchronize().map_err(Error::from))
+            .and_then(|()| self.copy_slot(key.slot, idx, len));
+        let mut st = self.lock();
+        st.filling.retain(|&i| i != idx);
+        filled?;
         if !rec.read_validate(key) {
             return Err(stale().into());
+        }
+        // The same slot may have been inserted meanwhile by another call:
+        // keep one entry per slot.
+        if let Some(&other) = st.by_slot.get(&key.slot) {
+            st.entries[other] = None;
+            st.order.retain(|&j| j != other);
         }
         st.entries[idx] = Some(Entry { key, len });
         st.by_slot.insert(key.slot, idx);

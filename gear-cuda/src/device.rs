@@ -30,9 +30,30 @@ struct DeviceInner {
 
 #[derive(Default)]
 struct KernelCache {
-    modules: HashMap<KernelSource, Arc<CudaModule>>,
     functions: HashMap<KernelFn, CudaFunction>,
 }
+
+/// Where a module's code came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelOrigin {
+    /// An image compiled at build time (`sm_XY` CUBIN or `compute_XY` PTX).
+    Built(&'static str),
+    /// Compiled by NVRTC at run time for this target, after `reason`
+    /// (why no build-time image was used).
+    Nvrtc {
+        /// The `--gpu-architecture` used.
+        target: String,
+        /// Why no build-time image served.
+        reason: String,
+    },
+}
+
+/// Modules loaded in a device's primary context, once per process: every
+/// [`CudaDevice`] of an ordinal shares them (each `CudaDevice::new` retains
+/// the same primary context). A module holds its context, so it stays valid
+/// for the life of the process.
+type ModuleMap = HashMap<(usize, KernelSource), (Arc<CudaModule>, KernelOrigin)>;
+static MODULES: Mutex<Option<ModuleMap>> = Mutex::new(None);
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -143,22 +164,16 @@ impl CudaDevice {
         if let Some(func) = cache.functions.get(&f) {
             return Ok(func.clone());
         }
-        let source = f.source();
-        let module = match cache.modules.get(&source) {
-            Some(m) => m.clone(),
-            None => {
-                let m = self.load(source)?;
-                cache.modules.insert(source, m.clone());
-                m
-            }
-        };
+        let module = self.module(f.source())?.0;
         let func = module.load_function(f.name())?;
         cache.functions.insert(f, func.clone());
         Ok(func)
     }
 
-    /// Compiles every kernel now, so the first collection does not pay for
-    /// NVRTC (tens to hundreds of milliseconds per source).
+    /// Loads every kernel now (once per process and device; later calls and
+    /// other handles to the same device reuse the modules), so that a
+    /// missing or unusable kernel image is reported here rather than by the
+    /// first collection. Samplers call this at creation.
     pub fn warm_up(&self) -> Result<()> {
         for f in KernelFn::ALL {
             self.function(f)?;
@@ -166,8 +181,44 @@ impl CudaDevice {
         Ok(())
     }
 
-    fn load(&self, source: KernelSource) -> Result<Arc<CudaModule>> {
-        let nv = probe::nvrtc()?;
+    /// Where `source`'s loaded module came from (loading it if needed).
+    pub fn kernel_origin(&self, source: KernelSource) -> Result<KernelOrigin> {
+        Ok(self.module(source)?.1)
+    }
+
+    fn module(&self, source: KernelSource) -> Result<(Arc<CudaModule>, KernelOrigin)> {
+        let key = (self.ordinal(), source);
+        let mut all = MODULES.lock().unwrap_or_else(|p| p.into_inner());
+        let map = all.get_or_insert_with(HashMap::new);
+        if let Some(m) = map.get(&key) {
+            return Ok(m.clone());
+        }
+        let loaded = self.load(source)?;
+        map.insert(key, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Build-time images first (exact CUBIN, then PTX), NVRTC at run time
+    /// only when none loads.
+    fn load(&self, source: KernelSource) -> Result<(Arc<CudaModule>, KernelOrigin)> {
+        let mut tried = Vec::new();
+        for image in kernels::images_for(source, self.inner.cc) {
+            match self.inner.ctx.load_module(image.to_ptx()) {
+                Ok(m) => return Ok((m, KernelOrigin::Built(image.target))),
+                Err(e) => tried.push(format!("build-time {} image: {e}", image.target)),
+            }
+        }
+        if tried.is_empty() {
+            tried.push(match kernels::build_nvrtc() {
+                None => "the crate was built without NVRTC, so no kernel images are embedded".to_owned(),
+                Some(_) => {
+                    format!("no build-time image fits compute capability {}.{}", self.inner.cc.0, self.inner.cc.1)
+                }
+            });
+        }
+        let reason = tried.join("; ");
+        let nv = probe::nvrtc()
+            .map_err(|e| Error::BackendUnavailable(format!("{}: {reason}; and {e}", source.file_name())))?;
         let (major, minor) = self.inner.cc;
         let arch = kernels::target_for(self.inner.cc, &nv.archs).ok_or_else(|| {
             Error::BackendUnavailable(format!(
@@ -179,17 +230,18 @@ impl CudaDevice {
             Compiled::Ptx(text) => cudarc::nvrtc::Ptx::from_src(text),
             Compiled::Cubin(bytes) => cudarc::nvrtc::Ptx::from_binary(bytes),
         };
-        self.inner.ctx.load_module(image).map_err(|e| {
+        let module = self.inner.ctx.load_module(image).map_err(|e| {
             let driver = probe::driver().map(|d| d.version).unwrap_or(0);
             Error::BackendUnavailable(format!(
                 "loading {} ({arch}, from NVRTC {}.{}) failed: {e}; the driver reports CUDA {}.{}, and code from \
-                 NVRTC 13 needs a CUDA 13 driver (r580 or newer)",
+                 NVRTC 13 needs a CUDA 13 driver (r580 or newer); before that: {reason}",
                 source.file_name(),
                 nv.version.0,
                 nv.version.1,
                 driver / 1000,
                 driver % 1000 / 10
             ))
-        })
+        })?;
+        Ok((module, KernelOrigin::Nvrtc { target: arch, reason }))
     }
 }

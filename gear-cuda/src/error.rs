@@ -20,7 +20,7 @@ pub enum Error {
     Driver(#[from] cudarc::driver::DriverError),
     /// An NVRTC call other than compilation itself failed.
     #[error("nvrtc: {0}")]
-    Nvrtc(#[from] cudarc::nvrtc::result::NvrtcError),
+    Nvrtc(String),
     /// A kernel source did not compile; `log` is NVRTC's program log.
     #[error("kernel `{kernel}` does not compile for {arch}: {log}")]
     KernelCompile {

@@ -1,5 +1,4 @@
-//! The raw FFI calls that cudarc's safe layer does not cover: dlopen for
-//! preloading NVRTC from a directory, page-locked host allocation and
+//! The raw FFI calls that cudarc's safe layer does not cover: page-locked host allocation and
 //! registration, and byte copies between raw host pointers and device
 //! addresses. Every function is `unsafe` with its obligations listed; the
 //! safe types in `memory`, `cache` and `probe` uphold them.
@@ -9,33 +8,7 @@
 //! library is missing.
 
 use cudarc::driver::{sys, DriverError};
-use std::ffi::{c_void, CString};
-
-/// Opens a shared library by absolute path with `RTLD_NOW | RTLD_GLOBAL` and
-/// leaks the handle, so that later `dlopen` calls by soname (cudarc's, or
-/// NVRTC's own for its builtins) find the already loaded library.
-pub(crate) fn dlopen_global(path: &std::path::Path) -> Result<(), String> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("{}: path contains a NUL byte", path.display()))?;
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
-    // Loading runs the library's initialisers; the libraries we load
-    // (NVRTC) have no initialisers with preconditions.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns NULL or a NUL-terminated string that stays
-        // valid until the next dl* call on this thread; we copy it at once.
-        let msg = unsafe {
-            let e = libc::dlerror();
-            if e.is_null() {
-                "unknown dlopen error".to_owned()
-            } else {
-                std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
-            }
-        };
-        return Err(format!("cannot load {}: {msg}", path.display()));
-    }
-    Ok(())
-}
+use std::ffi::c_void;
 
 /// Allocates `bytes` of page-locked host memory, portable across contexts
 /// and mapped into the device address space.
@@ -51,6 +24,15 @@ pub(crate) unsafe fn host_alloc_mapped(bytes: usize) -> Result<*mut u8, DriverEr
     Ok(p.cast())
 }
 
+/// Makes `ctx` current on this thread.
+///
+/// # Safety
+/// `ctx` is a live context; the driver was probed.
+pub(crate) unsafe fn set_current(ctx: sys::CUcontext) -> Result<(), DriverError> {
+    // SAFETY: forwarded obligations.
+    unsafe { sys::cuCtxSetCurrent(ctx) }.result()
+}
+
 /// Frees memory from [`host_alloc_mapped`].
 ///
 /// # Safety
@@ -62,13 +44,17 @@ pub(crate) unsafe fn host_free(p: *mut u8) -> Result<(), DriverError> {
 }
 
 /// Page-locks `[p, p+bytes)` and maps it for every context (PORTABLE |
-/// DEVICEMAP).
+/// DEVICEMAP, plus READ_ONLY when `read_only`: the device may then only
+/// read it).
 ///
 /// # Safety
 /// The range is valid host memory for as long as it stays registered; the
 /// driver was probed and a context is current.
-pub(crate) unsafe fn host_register(p: *mut u8, bytes: usize) -> Result<(), DriverError> {
-    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+pub(crate) unsafe fn host_register(p: *mut u8, bytes: usize, read_only: bool) -> Result<(), DriverError> {
+    let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+    if read_only {
+        flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
+    }
     // SAFETY: forwarded obligations.
     unsafe { sys::cuMemHostRegister_v2(p.cast(), bytes, flags) }.result()
 }

@@ -212,19 +212,67 @@ impl CudaCollector {
         match &self.cache {
             None => {
                 let plan = plan::plan_gather(src.layout(), &out.layout, rows, data_base, &dst_bases, &[])?;
-                self.launch(&plan, out)
+                self.launch(&plan, out, None)
             }
             Some(cache) => {
                 let stream = self.stream.clone();
                 cache.with_rows(src.layout(), rows, &stream, &mut |cached| {
                     let plan = plan::plan_gather(src.layout(), &out.layout, rows, data_base, &dst_bases, cached)?;
-                    self.launch(&plan, out)
+                    self.launch(&plan, out, None)
                 })
             }
         }
     }
 
-    fn launch(&self, plan: &GatherPlan, out: &mut CudaBatch) -> Result<()> {
+    /// Gathers again only the rows `which` of a batch `out` already holds
+    /// (`rows` is the whole batch, with the replaced rows), one small launch
+    /// per row, each writing that row's slice of every column and its
+    /// length. For rows redrawn after a torn read: the other rows are not
+    /// copied again. Same rules as [`CudaCollector::gather_into`].
+    pub fn regather_rows(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        which: &[usize],
+        out: &mut CudaBatch,
+    ) -> Result<()> {
+        if rows.len() != out.layout.rows() {
+            return Err(Error::InvalidArgument(format!("{} rows for a batch of {}", rows.len(), out.layout.rows())));
+        }
+        let data_base = src.device().ok_or_else(|| {
+            Error::InvalidArgument("the table is not mapped for the device: register its region".into())
+        })?;
+        let one = BatchLayout::new(src.layout(), out.layout.columns(), 1, out.layout.window())?;
+        for &r in which {
+            let row = rows
+                .get(r..=r)
+                .ok_or_else(|| Error::InvalidArgument(format!("row {r} outside a batch of {}", rows.len())))?;
+            let dst_bases: Vec<u64> = out
+                .columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| c.device_addr() + r as u64 * out.layout.row_bytes(i))
+                .collect();
+            match &self.cache {
+                None => {
+                    let plan = plan::plan_gather(src.layout(), &one, row, data_base, &dst_bases, &[])?;
+                    self.launch(&plan, out, Some(r))?;
+                }
+                Some(cache) => {
+                    let stream = self.stream.clone();
+                    cache.with_rows(src.layout(), row, &stream, &mut |cached| {
+                        let plan = plan::plan_gather(src.layout(), &one, row, data_base, &dst_bases, cached)?;
+                        self.launch(&plan, out, Some(r))
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `plan`: a whole batch (`row: None`), or one row of it whose
+    /// plan addresses row `row`'s slices and length.
+    fn launch(&self, plan: &GatherPlan, out: &mut CudaBatch, row: Option<usize>) -> Result<()> {
         let stream = &self.stream;
         // A batch last filled on another stream: order this gather after it
         // (the argument table and buffers are reused).
@@ -241,7 +289,7 @@ impl CudaCollector {
             let row_src = base;
             let row_len = base + 8 * plan.row_len_at() as u64;
             let cols = base + 8 * plan.cols_at() as u64;
-            let lengths = out.lengths_dev.device_addr();
+            let lengths = out.lengths_dev.device_addr() + 8 * row.unwrap_or(0) as u64;
             let cfg = LaunchConfig {
                 grid_dim: (plan.grid.0, plan.grid.1, 1),
                 block_dim: (plan::BLOCK, 1, 1),
@@ -269,8 +317,13 @@ impl CudaCollector {
         }
         out.event.record(stream)?;
         out.last_stream = Some(stream.clone());
-        out.lengths.clone_from(&plan.lengths);
-        out.cached_rows = plan.cached_rows;
+        match row {
+            None => {
+                out.lengths.clone_from(&plan.lengths);
+                out.cached_rows = plan.cached_rows;
+            }
+            Some(r) => out.lengths[r] = plan.lengths[0],
+        }
         Ok(())
     }
 }

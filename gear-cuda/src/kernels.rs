@@ -1,20 +1,22 @@
 //! Kernel sources and their run-time compilation.
 //!
 //! The CUDA C sources in `gear-cuda/kernels/` are embedded with
-//! `include_str!`; `kernels/common.cuh` is prepended to each. NVRTC compiles
-//! a source for the present device when it is first needed and the module is
-//! cached per device context by [`KernelSource`] (candle's
-//! `get_or_load_func` pattern, see [`crate::CudaDevice`]).
+//! `include_str!`; `kernels/common.cuh` is prepended to each.
 //!
-//! Target choice ([`target_for`]): a CUBIN for `sm_XY` when NVRTC supports
-//! the device's compute capability exactly, else PTX for the newest
-//! supported `compute_XY` below it, which the driver JIT-compiles (PTX from
-//! NVRTC 13 needs a CUDA 13 driver).
+//! When NVRTC is present at build time, `build.rs` compiles every source to
+//! PTX (`compute_80`) and CUBIN (`sm_80`, `sm_90`) and embeds the images
+//! ([`built_images`], [`images_for`]): a GPU machine then needs only the
+//! driver. The driver loads the exact CUBIN, else JIT-compiles the PTX (PTX
+//! from NVRTC 13 needs a CUDA 13 driver). Only when no image fits or loads
+//! is the source compiled by NVRTC at run time ([`compile`]; target choice
+//! [`target_for`]: a CUBIN for `sm_XY` when NVRTC supports the device's
+//! compute capability exactly, else PTX for the newest supported
+//! `compute_XY` below it). Modules are loaded once per process and device
+//! (see [`crate::CudaDevice`]).
 
 use crate::error::{Error, Result};
+use crate::nvrtc_lib::{CompileFailure, Image};
 use crate::probe;
-use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
-use std::ffi::{c_char, CString};
 
 /// The shared prelude prepended to every source.
 pub const COMMON_SOURCE: &str = include_str!("../kernels/common.cuh");
@@ -54,7 +56,7 @@ impl KernelSource {
 
     /// The text NVRTC compiles: the prelude, then the file.
     pub fn source(self) -> String {
-        format!("{COMMON_SOURCE}\n#line 1 \"{}\"\n{}", self.file_name(), self.body())
+        crate::nvrtc_lib::compose_source(COMMON_SOURCE, self.file_name(), self.body())
     }
 
     /// The `extern "C"` kernels the source defines.
@@ -62,7 +64,7 @@ impl KernelSource {
         match self {
             KernelSource::Gather => &["gear_gather"],
             KernelSource::Sample => &["gear_prio_chunks", "gear_prio_scan", "gear_prio_prefix", "gear_sample_draws"],
-            KernelSource::Priority => &["gear_scatter_f64", "gear_topk_chunks", "gear_topk_merge"],
+            KernelSource::Priority => &["gear_scatter_f64", "gear_topk_init", "gear_topk_step", "gear_topk_emit"],
         }
     }
 }
@@ -82,23 +84,26 @@ pub enum KernelFn {
     SampleDraws,
     /// `gear_scatter_f64`.
     ScatterF64,
-    /// `gear_topk_chunks`.
-    TopkChunks,
-    /// `gear_topk_merge`.
-    TopkMerge,
+    /// `gear_topk_init`.
+    TopkInit,
+    /// `gear_topk_step`.
+    TopkStep,
+    /// `gear_topk_emit`.
+    TopkEmit,
 }
 
 impl KernelFn {
     /// Every kernel.
-    pub const ALL: [KernelFn; 8] = [
+    pub const ALL: [KernelFn; 9] = [
         KernelFn::Gather,
         KernelFn::PrioChunks,
         KernelFn::PrioScan,
         KernelFn::PrioPrefix,
         KernelFn::SampleDraws,
         KernelFn::ScatterF64,
-        KernelFn::TopkChunks,
-        KernelFn::TopkMerge,
+        KernelFn::TopkInit,
+        KernelFn::TopkStep,
+        KernelFn::TopkEmit,
     ];
 
     /// The source that defines it.
@@ -108,7 +113,9 @@ impl KernelFn {
             KernelFn::PrioChunks | KernelFn::PrioScan | KernelFn::PrioPrefix | KernelFn::SampleDraws => {
                 KernelSource::Sample
             }
-            KernelFn::ScatterF64 | KernelFn::TopkChunks | KernelFn::TopkMerge => KernelSource::Priority,
+            KernelFn::ScatterF64 | KernelFn::TopkInit | KernelFn::TopkStep | KernelFn::TopkEmit => {
+                KernelSource::Priority
+            }
         }
     }
 
@@ -121,8 +128,9 @@ impl KernelFn {
             KernelFn::PrioPrefix => "gear_prio_prefix",
             KernelFn::SampleDraws => "gear_sample_draws",
             KernelFn::ScatterF64 => "gear_scatter_f64",
-            KernelFn::TopkChunks => "gear_topk_chunks",
-            KernelFn::TopkMerge => "gear_topk_merge",
+            KernelFn::TopkInit => "gear_topk_init",
+            KernelFn::TopkStep => "gear_topk_step",
+            KernelFn::TopkEmit => "gear_topk_emit",
         }
     }
 }
@@ -147,77 +155,90 @@ pub fn target_for(cc: (i32, i32), supported: &[i32]) -> Option<String> {
     supported.iter().copied().filter(|&a| a <= want).max().map(|a| format!("compute_{a}"))
 }
 
-/// An NVRTC program, destroyed on drop.
-struct Program {
-    prog: nvrtc_sys::nvrtcProgram,
-    // Kept alive until the program is destroyed (NVRTC may refer to them).
-    _src: CString,
-    _name: CString,
-}
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        // SAFETY: `prog` was created by create_program and is destroyed once.
-        // A failure here leaks the program; there is nothing better to do.
-        let _ = unsafe { nvrtc::destroy_program(self.prog) };
+fn build(source: KernelSource, arch: &str) -> Result<(Compiled, String)> {
+    let lib = probe::nvrtc_lib()?;
+    match lib.compile(&source.source(), source.file_name(), arch) {
+        Ok((Image::Ptx(t), log)) => Ok((Compiled::Ptx(t), log)),
+        Ok((Image::Cubin(b), log)) => Ok((Compiled::Cubin(b), log)),
+        Err(CompileFailure::Call(e)) => Err(Error::Nvrtc(e)),
+        Err(CompileFailure::Source(log)) => {
+            Err(Error::KernelCompile { kernel: source.file_name(), arch: arch.to_owned(), log })
+        }
     }
 }
 
-fn c_chars_to_string(v: &[c_char]) -> String {
-    let bytes: Vec<u8> = v.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Creates and compiles a program; on success returns it with NVRTC's log
-/// (warnings), on failure the log inside [`Error::KernelCompile`].
-fn build(source: KernelSource, arch: &str) -> Result<(Program, String)> {
-    probe::nvrtc()?;
-    let src = CString::new(source.source())
-        .map_err(|_| Error::InvalidArgument(format!("{}: source contains a NUL byte", source.file_name())))?;
-    let name = CString::new(source.file_name())
-        .map_err(|_| Error::InvalidArgument("kernel file name contains a NUL byte".into()))?;
-    let prog = nvrtc::create_program(&src, Some(&name))?;
-    let prog = Program { prog, _src: src, _name: name };
-    let options = [format!("--gpu-architecture={arch}"), "--std=c++17".to_owned()];
-    // SAFETY: `prog.prog` is a live program (destroyed only by Program's drop).
-    let compiled = unsafe { nvrtc::compile_program(prog.prog, &options) };
-    // SAFETY: as above.
-    let log = unsafe { nvrtc::get_program_log(prog.prog) }
-        .map(|l| c_chars_to_string(&l))
-        .unwrap_or_else(|le| format!("(no log: {le})"));
-    match compiled {
-        Ok(()) => Ok((prog, log.trim().to_owned())),
-        Err(e) => Err(Error::KernelCompile {
-            kernel: source.file_name(),
-            arch: arch.to_owned(),
-            log: format!("{e}: {}", log.trim()),
-        }),
-    }
-}
-
-/// Compiles `source` for `arch` (`compute_XY` gives PTX, `sm_XY` a CUBIN).
-/// Probes NVRTC first; a compile error returns NVRTC's log.
+/// Compiles `source` for `arch` (`compute_XY` gives PTX, `sm_XY` a CUBIN)
+/// with NVRTC at run time. Probes NVRTC first; a compile error returns
+/// NVRTC's log.
 pub fn compile(source: KernelSource, arch: &str) -> Result<Compiled> {
-    let (prog, _warnings) = build(source, arch)?;
-    if arch.starts_with("sm_") {
-        let mut size = 0usize;
-        // SAFETY: live, compiled program; `size` is a valid out-pointer.
-        unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog.prog, &mut size) }.result()?;
-        let mut image = vec![0u8; size];
-        // SAFETY: `image` has the size NVRTC reported.
-        unsafe { nvrtc_sys::nvrtcGetCUBIN(prog.prog, image.as_mut_ptr().cast()) }.result()?;
-        Ok(Compiled::Cubin(image))
-    } else {
-        // SAFETY: live, compiled program.
-        let ptx = unsafe { nvrtc::get_ptx(prog.prog) }?;
-        Ok(Compiled::Ptx(c_chars_to_string(&ptx)))
-    }
+    build(source, arch).map(|(c, _)| c)
 }
 
 /// NVRTC's log for a successful compile (warnings; empty when none), so
 /// tests can require kernels to compile cleanly.
 pub fn compile_log(source: KernelSource, arch: &str) -> Result<String> {
     build(source, arch).map(|(_, log)| log)
+}
+
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/kernel_images.rs"));
+}
+
+/// A kernel image compiled at build time (see `gear-cuda/build.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct BuiltImage {
+    /// The source it was compiled from.
+    pub source: KernelSource,
+    /// `compute_XY` (PTX) or `sm_XY` (CUBIN).
+    pub target: &'static str,
+    /// FNV-1a of the text compiled, to check it against [`KernelSource::source`].
+    pub source_hash: u64,
+    /// PTX text or CUBIN bytes.
+    pub bytes: &'static [u8],
+}
+
+impl BuiltImage {
+    /// The image as cudarc loads it.
+    pub fn to_ptx(&self) -> cudarc::nvrtc::Ptx {
+        if self.target.starts_with("sm_") {
+            cudarc::nvrtc::Ptx::from_binary(self.bytes.to_vec())
+        } else {
+            cudarc::nvrtc::Ptx::from_src(String::from_utf8_lossy(self.bytes).into_owned())
+        }
+    }
+
+    /// The compute capability the image targets, as 10 * major + minor.
+    pub fn arch(&self) -> i32 {
+        self.target.rsplit('_').next().and_then(|a| a.parse().ok()).unwrap_or(i32::MAX)
+    }
+}
+
+/// The NVRTC version that compiled the embedded images, or `None` when the
+/// crate was built without NVRTC (then every kernel is compiled at run time).
+pub const fn build_nvrtc() -> Option<(i32, i32)> {
+    generated::BUILD_NVRTC
+}
+
+/// Every image compiled at build time.
+pub fn built_images() -> impl Iterator<Item = BuiltImage> {
+    generated::IMAGES.iter().filter_map(|&(file, target, source_hash, bytes)| {
+        let source = KernelSource::ALL.into_iter().find(|s| s.file_name() == file)?;
+        Some(BuiltImage { source, target, source_hash, bytes })
+    })
+}
+
+/// The build-time images of `source` that a device of compute capability
+/// `cc` can load, best first: a CUBIN for exactly its architecture, then
+/// PTX for the newest virtual architecture not above it (JIT-compiled by
+/// the driver). Empty when none fits (or none was built).
+pub fn images_for(source: KernelSource, cc: (i32, i32)) -> Vec<BuiltImage> {
+    let want = cc.0 * 10 + cc.1;
+    let mut v: Vec<BuiltImage> = built_images().filter(|i| i.source == source).collect();
+    let cubin = v.iter().copied().find(|i| i.target.starts_with("sm_") && i.arch() == want);
+    v.retain(|i| i.target.starts_with("compute_") && i.arch() <= want);
+    v.sort_by_key(|i| std::cmp::Reverse(i.arch()));
+    v.truncate(1);
+    cubin.into_iter().chain(v).collect()
 }
 
 /// NVRTC's version, probing first.
@@ -228,6 +249,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nvrtc_lib::fnv1a;
 
     #[test]
     fn target_prefers_exact_cubin_then_older_ptx() {
@@ -236,6 +258,32 @@ mod tests {
         assert_eq!(target_for((8, 7), &archs).as_deref(), Some("compute_86"));
         assert_eq!(target_for((7, 0), &archs), None);
         assert_eq!(target_for((13, 0), &archs).as_deref(), Some("compute_120"));
+    }
+
+    /// Build-time images (when NVRTC was found at build time) come from the
+    /// sources embedded now, for every source, with PTX and an sm_90 CUBIN.
+    #[test]
+    fn built_images_match_the_embedded_sources() {
+        if build_nvrtc().is_none() {
+            println!("skipped: built without NVRTC, kernels are compiled at run time");
+            return;
+        }
+        for s in KernelSource::ALL {
+            let hash = fnv1a(s.source().as_bytes());
+            let imgs: Vec<_> = built_images().filter(|i| i.source == s).collect();
+            assert!(imgs.len() >= 2, "{}: {} images", s.file_name(), imgs.len());
+            for i in &imgs {
+                assert_eq!(i.source_hash, hash, "{} {}: stale image", s.file_name(), i.target);
+            }
+            let h100 = images_for(s, (9, 0));
+            assert_eq!(h100.iter().map(|i| i.target).collect::<Vec<_>>(), ["sm_90", "compute_80"]);
+            let ptx = std::str::from_utf8(h100[1].bytes).unwrap();
+            for e in s.entry_points() {
+                assert!(ptx.contains(&format!(".entry {e}(")), "{e} missing");
+            }
+            assert_eq!(images_for(s, (8, 9)).iter().map(|i| i.target).collect::<Vec<_>>(), ["compute_80"]);
+            assert!(images_for(s, (7, 5)).is_empty());
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!   `Pinned`, a host pointer and a device pointer to the same bytes.
 //! * [`RegisteredRegion`]: any host region (a shared-memory table that actor
 //!   processes write, say) page-locked in place by
-//!   `cuMemHostRegister(DEVICEMAP | PORTABLE)`; keeps the wrapped region's
+//!   `cuMemHostRegister(DEVICEMAP | PORTABLE | READ_ONLY)`; keeps the wrapped region's
 //!   kind and name and gains a device pointer, so kernels read it with no
 //!   copy.
 //!
@@ -20,13 +20,43 @@
 
 use crate::error::{Error, Result};
 use crate::ffi;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
 use gear_core::{MemoryKind, MemoryRegion};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 fn to_usize(bytes: u64, what: &str) -> Result<usize> {
     usize::try_from(bytes).map_err(|_| Error::InvalidArgument(format!("{what}: {bytes} bytes do not fit in usize")))
+}
+
+/// Releases memory in a `Drop`: makes `ctx` current directly (not through
+/// `CudaContext::bind_to_thread`, which first returns, and clears, any error
+/// an earlier call recorded on the context, so a release guarded by it would
+/// be skipped), then runs `free` whatever happened. Failures are logged to
+/// stderr, since a drop cannot return them.
+fn release(ctx: &CudaContext, what: &str, free: impl FnOnce() -> std::result::Result<(), DriverError>) {
+    // SAFETY: `ctx` is alive (the caller holds it), so its CUcontext is valid.
+    let set = unsafe { ffi::set_current(ctx.cu_ctx()) };
+    for failure in release_with(set, free, what) {
+        eprintln!("gear-cuda: {failure}");
+    }
+}
+
+/// [`release`]'s logic: `free` runs even when making the context current
+/// failed. Returns the failures.
+fn release_with<E: std::fmt::Display>(
+    set_current: std::result::Result<(), E>,
+    free: impl FnOnce() -> std::result::Result<(), E>,
+    what: &str,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    if let Err(e) = set_current {
+        failures.push(format!("{what}: making the context current failed ({e}); releasing anyway"));
+    }
+    if let Err(e) = free() {
+        failures.push(format!("{what} failed: {e}; the memory may leak"));
+    }
+    failures
 }
 
 /// The largest power of two (up to a page) dividing `addr`.
@@ -152,6 +182,23 @@ impl DeviceMemory {
         Ok(())
     }
 
+    /// Queues an asynchronous copy of all of `src` (page-locked) to `offset`
+    /// on `stream`.
+    ///
+    /// # Safety
+    /// `src` is neither written nor freed until `stream` has passed the copy.
+    pub unsafe fn copy_from_pinned_async(&self, offset: u64, src: &PinnedMemory, stream: &CudaStream) -> Result<()> {
+        let n = to_usize(src.len, "copy")?;
+        self.check_range(offset, n, "copy destination")?;
+        self.check_stream(stream)?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `src` is page-locked memory of `n` bytes, kept alive and
+        // unwritten until the stream passes the copy (the caller's
+        // obligation); the destination range was checked.
+        unsafe { ffi::copy_htod_async(self.ptr + offset, src.host.as_ptr(), n, stream.cu_stream()) }?;
+        Ok(())
+    }
+
     /// Queues a fill of the whole buffer with `value` on `stream`.
     pub fn fill_async(&self, value: u8, stream: &CudaStream) -> Result<()> {
         self.check_stream(stream)?;
@@ -201,14 +248,9 @@ impl Drop for DeviceMemory {
         if self.ptr == 0 {
             return;
         }
-        // Errors cannot be reported from drop; cudarc records them on the
-        // context (see CudaContext::check_err).
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `ptr` came from device_alloc in this context and is
-            // freed exactly once, here.
-            let r = unsafe { ffi::device_free(self.ptr) };
-            self.ctx.record_err(r);
-        }
+        // SAFETY: `ptr` came from device_alloc in this context and is freed
+        // exactly once, here.
+        release(&self.ctx, "cuMemFree", || unsafe { ffi::device_free(self.ptr) });
     }
 }
 
@@ -288,12 +330,9 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: the pointer came from host_alloc_mapped and is freed
-            // exactly once, here.
-            let r = unsafe { ffi::host_free(self.host.as_ptr()) };
-            self.ctx.record_err(r);
-        }
+        // SAFETY: the pointer came from host_alloc_mapped and is freed
+        // exactly once, here.
+        release(&self.ctx, "cuMemFreeHost", || unsafe { ffi::host_free(self.host.as_ptr()) });
     }
 }
 
@@ -319,18 +358,21 @@ unsafe impl MemoryRegion for PinnedMemory {
 }
 
 /// A host region page-locked and mapped for the device in place
-/// (`cuMemHostRegister` with DEVICEMAP | PORTABLE). The wrapped region keeps
-/// its kind and name; the device pointer addresses the same bytes, so a
-/// kernel reads what other processes write there, with no copy.
+/// (`cuMemHostRegister` with DEVICEMAP | PORTABLE, and READ_ONLY where the
+/// device supports it: kernels only read a table, and recent Linux kernels
+/// refuse writable pins of file-backed shared mappings). The wrapped region
+/// keeps its kind and name; the device pointer addresses the same bytes, so
+/// a kernel reads what other processes write there, with no copy. Kernels
+/// must not write through the device pointer.
 ///
 /// Registration needs memory the kernel can pin: anonymous or shared
-/// (`/dev/shm`) mappings work; some file-backed mappings are refused by the
-/// driver, which is reported as an error.
+/// (`/dev/shm`) mappings work; a refusal is reported as an error.
 pub struct RegisteredRegion<R: MemoryRegion> {
     /// Unregistered in `Drop::drop`, before this field is dropped.
     inner: R,
     host: NonNull<u8>,
     device: u64,
+    read_only: bool,
     /// Declared last: outlives both the registration and `inner`.
     ctx: Arc<CudaContext>,
 }
@@ -365,10 +407,12 @@ impl<R: MemoryRegion> RegisteredRegion<R> {
             return Err(Error::InvalidArgument("cannot register an empty region".into()));
         }
         ctx.bind_to_thread()?;
+        let attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED;
+        let read_only = ctx.attribute(attr).is_ok_and(|v| v != 0);
         // SAFETY: `host` points to `n` bytes that live as long as `region`,
         // which the returned value owns and drops only after unregistering;
         // the context is current.
-        unsafe { ffi::host_register(host.as_ptr(), n) }?;
+        unsafe { ffi::host_register(host.as_ptr(), n, read_only) }?;
         // SAFETY: the range was just registered; context current.
         let device = match unsafe { ffi::host_device_ptr(host.as_ptr()) } {
             Ok(d) => d,
@@ -378,7 +422,13 @@ impl<R: MemoryRegion> RegisteredRegion<R> {
                 return Err(e.into());
             }
         };
-        Ok(RegisteredRegion { inner: region, host, device, ctx: ctx.clone() })
+        Ok(RegisteredRegion { inner: region, host, device, read_only, ctx: ctx.clone() })
+    }
+
+    /// Whether the device maps the region read-only
+    /// (`CU_MEMHOSTREGISTER_READ_ONLY`, used where the device supports it).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// The wrapped region.
@@ -394,13 +444,10 @@ impl<R: MemoryRegion> RegisteredRegion<R> {
 
 impl<R: MemoryRegion> Drop for RegisteredRegion<R> {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `host` is the start of the range registered in
-            // `register`, unregistered exactly once, here, while `inner`
-            // (the memory) is still alive.
-            let r = unsafe { ffi::host_unregister(self.host.as_ptr()) };
-            self.ctx.record_err(r);
-        }
+        // SAFETY: `host` is the start of the range registered in
+        // `register`, unregistered exactly once, here, while `inner` (the
+        // memory) is still alive: it is dropped after this function.
+        release(&self.ctx, "cuMemHostUnregister", || unsafe { ffi::host_unregister(self.host.as_ptr()) });
     }
 }
 
@@ -430,7 +477,29 @@ unsafe impl<R: MemoryRegion> MemoryRegion for RegisteredRegion<R> {
 
 #[cfg(test)]
 mod tests {
-    use super::alignment_of;
+    use super::{alignment_of, release_with};
+
+    /// A recorded error (or a failure to make the context current) must not
+    /// skip the release: the old `if bind_to_thread().is_ok()` guard did.
+    #[test]
+    fn release_runs_even_when_the_context_reports_an_error() {
+        let mut freed = false;
+        let failures = release_with(
+            Err("CUDA_ERROR_LAUNCH_FAILED recorded earlier"),
+            || {
+                freed = true;
+                Ok(())
+            },
+            "cuMemFree",
+        );
+        assert!(freed);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].contains("releasing anyway"));
+        let failures = release_with(Ok(()), || Err("CUDA_ERROR_INVALID_VALUE"), "cuMemFreeHost");
+        assert_eq!(failures.len(), 1);
+        assert!(failures[0].starts_with("cuMemFreeHost failed"));
+        assert!(release_with::<&str>(Ok(()), || Ok(()), "x").is_empty());
+    }
 
     #[test]
     fn alignment_is_the_lowest_set_bit_capped_at_a_page() {

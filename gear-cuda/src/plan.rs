@@ -155,6 +155,68 @@ pub fn plan_gather(
     })
 }
 
+/// How `gear_gather` moves one copy of `n` bytes from `src` to `dst`
+/// (mirrors `gear_copy` in `kernels/gather.cu`): single bytes up to the
+/// 16-byte alignment of `dst`, then whole 16-byte words, each stored
+/// aligned and loaded aligned (with two loads and a funnel shift when `src`
+/// sits at another offset modulo 16: `realigned`), then single bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyShape {
+    /// Bytes copied one at a time before the first word.
+    pub head: u64,
+    /// 16-byte words.
+    pub words: u64,
+    /// Bytes copied one at a time after the last word.
+    pub tail: u64,
+    /// Whether each word takes two aligned loads and a shift.
+    pub realigned: bool,
+}
+
+impl CopyShape {
+    /// The shape of a copy of `n` bytes.
+    pub fn of(dst: u64, src: u64, n: u64) -> Self {
+        let head = ((16 - (dst & 15)) & 15).min(n);
+        let words = (n - head) / 16;
+        let tail = n - head - words * 16;
+        CopyShape { head, words, tail, realigned: words > 0 && (src + head) & 15 != 0 }
+    }
+
+    /// Bytes copied.
+    pub fn bytes(&self) -> u64 {
+        self.head + 16 * self.words + self.tail
+    }
+
+    /// Source loads issued: (1-byte loads, 16-byte loads).
+    pub fn loads(&self) -> (u64, u64) {
+        (self.head + self.tail, if self.realigned { 2 * self.words } else { self.words })
+    }
+}
+
+/// The shape of every non-empty copy `plan` makes (row-major over rows,
+/// then requested columns), from the addresses in its tables.
+pub fn copy_shapes(plan: &GatherPlan) -> Vec<CopyShape> {
+    let window = gear_core::WindowSpec {
+        offset: plan.w_offset,
+        len: plan.w_len,
+        pad: if plan.pad_head != 0 { gear_core::Pad::Head } else { gear_core::Pad::Tail },
+    };
+    let cols = &plan.words[plan.cols_at()..];
+    let mut out = Vec::new();
+    for r in 0..plan.rows as usize {
+        let w = window.resolve(plan.words[plan.row_len_at() + r]);
+        for c in cols.chunks_exact(3) {
+            let (col_off, s, dst_base) = (c[0], c[1], c[2]);
+            if w.steps == 0 || s == 0 {
+                continue;
+            }
+            let src = plan.words[r] + col_off + w.src_step * s;
+            let dst = dst_base + r as u64 * plan.w_len * s + w.dst_step * s;
+            out.push(CopyShape::of(dst, src, w.steps * s));
+        }
+    }
+    out
+}
+
 /// Chunking of the prefix-sum passes over `n` priorities: (chunk length,
 /// chunks). At most 4096 chunks, so the one-thread scan stays short.
 pub fn prio_chunks(n: u64) -> (u64, u64) {
@@ -167,17 +229,23 @@ pub fn prio_chunks(n: u64) -> (u64, u64) {
     (chunk_len, n.div_ceil(chunk_len))
 }
 
-/// Chunking of the top-k passes over `n` priorities for `k` results:
-/// (chunk length, chunks). Chunks of at least `4k` items (so each list is
-/// a small part of its chunk), at most 256 chunks (so the merge's
-/// chunks x candidates x log k work stays bounded).
-pub fn topk_chunks(n: u64, k: u64) -> (u64, u64) {
-    if n == 0 {
-        return (1, 0);
+/// The top-k sorting network over `n` priorities: the padded width `m`
+/// (the next power of two, at least 2) and every `(size, stride)` step of
+/// Batcher's bitonic sort, in launch order. Depends on `n` only, never on
+/// `k`: log2(m)(log2(m)+1)/2 steps of m/2 compare-exchanges each.
+pub fn topk_network(n: u64) -> (u64, Vec<(u64, u64)>) {
+    let m = n.max(2).next_power_of_two();
+    let mut steps = Vec::new();
+    let mut size = 2;
+    while size <= m {
+        let mut stride = size / 2;
+        while stride > 0 {
+            steps.push((size, stride));
+            stride /= 2;
+        }
+        size *= 2;
     }
-    let nchunks = (n / (4 * k.max(1))).clamp(1, 256);
-    let chunk_len = n.div_ceil(nchunks);
-    (chunk_len, n.div_ceil(chunk_len))
+    (m, steps)
 }
 
 /// Resolves duplicate indices in a batch of priority updates: keeps the
@@ -241,10 +309,80 @@ mod tests {
         for n in [1u64, 2, 7, 4096, 4097, 1_000_003] {
             let (len, c) = prio_chunks(n);
             assert!(len * c >= n && len * (c - 1) < n && c <= 4096, "{n}");
-            for k in [1u64, 5, 300] {
-                let (len, c) = topk_chunks(n, k);
-                assert!(len * c >= n && len * (c - 1) < n && c <= 256, "{n} {k}");
-            }
         }
+    }
+
+    /// Unpadded layouts the old equal-alignment rule copied in 8- or 4-byte
+    /// words (odd T with [4096, 4, 4] columns; f32 [17]): now every copy
+    /// moves all but at most 30 of its bytes in 16-byte loads and stores.
+    #[test]
+    fn unpadded_layouts_copy_in_16_byte_words() {
+        let cases = [
+            (
+                vec![
+                    ColumnSpec::new("obs", DType::U8, [4096]),
+                    ColumnSpec::new("a", DType::I32, [1]),
+                    ColumnSpec::new("r", DType::F32, [1]),
+                ],
+                127u64,
+            ),
+            (vec![ColumnSpec::new("x", DType::F32, [17])], 33),
+        ];
+        for (columns, t) in cases {
+            let spec = TableSpec::new(columns, t, 64).unwrap();
+            let l = Layout::new(&spec).unwrap();
+            let cols: Vec<usize> = (0..l.columns()).collect();
+            let batch = BatchLayout::new(&l, &cols, 32, WindowSpec::last(t - 4)).unwrap();
+            let rows: Vec<GatherRow> =
+                (0..32).map(|r| GatherRow { slot: (r * 7 % 64) as u32, len: t - (r % 3) as u64 }).collect();
+            let dst: Vec<u64> = (0..cols.len() as u64).map(|i| 0x7f00_0000_0000 + (i << 30)).collect();
+            let p = plan_gather(&l, &batch, &rows, 0x7e00_0000_0000, &dst, &[]).unwrap();
+            let shapes = copy_shapes(&p);
+            assert_eq!(shapes.len(), 32 * cols.len());
+            let (mut bytes, mut wide, mut old_wide, mut loads16, mut realigned) = (0, 0, 0, 0, 0);
+            for sh in &shapes {
+                assert!(sh.head + sh.tail <= 30, "{sh:?}");
+                bytes += sh.bytes();
+                wide += 16 * sh.words;
+                loads16 += sh.loads().1;
+                realigned += u64::from(sh.realigned);
+            }
+            // What the old rule (16-byte words only when src and dst agree
+            // modulo 16) would have moved in 16-byte words.
+            let win = batch.window();
+            for (r, row) in rows.iter().enumerate() {
+                let w = win.resolve(row.len);
+                for (i, &c) in cols.iter().enumerate() {
+                    let s = l.step_bytes(c);
+                    let src =
+                        0x7e00_0000_0000 + u64::from(row.slot) * l.slot_stride() + l.offset(0, c, 0) + w.src_step * s;
+                    let d = dst[i] + r as u64 * batch.row_bytes(i) + w.dst_step * s;
+                    if (src ^ d) & 15 == 0 {
+                        old_wide += CopyShape::of(d, src, w.steps * s).words * 16;
+                    }
+                }
+            }
+            println!(
+                "T {t}, step bytes {:?}: {bytes} bytes, {:.1}% in 16-byte loads/stores ({loads16} loads of 16 bytes, \
+                 {realigned} of {} copies realigned); the equal-alignment rule: {:.1}%",
+                (0..l.columns()).map(|c| l.step_bytes(c)).collect::<Vec<_>>(),
+                100.0 * wide as f64 / bytes as f64,
+                shapes.len(),
+                100.0 * old_wide as f64 / bytes as f64,
+            );
+            assert!(wide as f64 >= 0.95 * bytes as f64);
+            assert!(realigned > 0, "the cases must exercise the realigned path");
+            assert!((old_wide as f64) < 0.9 * bytes as f64, "these layouts defeated the old rule");
+        }
+    }
+
+    #[test]
+    fn topk_network_is_batchers_and_independent_of_k() {
+        assert_eq!(topk_network(1), (2, vec![(2, 1)]));
+        assert_eq!(topk_network(3), (4, vec![(2, 1), (4, 2), (4, 1)]));
+        let (m, steps) = topk_network(1_000_000);
+        assert_eq!(m, 1 << 20);
+        assert_eq!(steps.len(), 20 * 21 / 2);
+        assert!(steps.iter().all(|&(size, stride)| stride < size && size <= m && size.is_power_of_two()));
     }
 }

@@ -7,15 +7,16 @@
 //! old for the CUDA 13 bindings lacks symbols), and turn every failure into
 //! [`Error::BackendUnavailable`] with the reason.
 //!
-//! NVRTC is found by the dynamic loader's usual search (`LD_LIBRARY_PATH`,
-//! the system cache) under the names cudarc tries (`libnvrtc.so`,
-//! `libnvrtc.so.13`, ...). Setting `GEAR_NVRTC_DIR` to a directory holding
-//! `libnvrtc.so.*` (such as the one `gear-cuda/ci/install-nvrtc.sh` prints)
-//! preloads the library and its builtins from there first; this works even
-//! though the loader only reads `LD_LIBRARY_PATH` at process start.
+//! NVRTC is needed only when the kernels were not compiled at build time
+//! (see `build.rs`) or their images do not suit the device. It is loaded by
+//! gear-cuda's own small binding (`src/nvrtc_lib.rs`), never through cudarc's NVRTC loader: when
+//! `GEAR_NVRTC_DIR` names a directory, the library there is opened by path
+//! (its builtins first), so no other `libnvrtc.so` on the search path can
+//! take its place; without it, `libnvrtc.so.13` is looked up by the
+//! loader's usual search (`LD_LIBRARY_PATH`, the system cache).
 
 use crate::error::{Error, Result};
-use crate::ffi;
+use crate::nvrtc_lib::NvrtcLib;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -39,8 +40,11 @@ pub struct NvrtcInfo {
     pub version: (i32, i32),
     /// Real architectures NVRTC can compile for, e.g. 75, 80, 86, 90, 100.
     pub archs: Vec<i32>,
-    /// Where the library was preloaded from, when `GEAR_NVRTC_DIR` was set.
+    /// The directory NVRTC was loaded from by path, when `GEAR_NVRTC_DIR`
+    /// (or [`nvrtc_from`]) named one.
     pub preloaded_from: Option<PathBuf>,
+    /// The library file opened (a soname when found by the loader's search).
+    pub library: PathBuf,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -95,72 +99,24 @@ pub fn has_device() -> bool {
     driver().is_ok()
 }
 
-/// Preloads NVRTC from `dir`: the builtins library first (NVRTC opens it by
-/// soname), then `libnvrtc.so*`. Skips the `.alt` variants.
-fn preload_nvrtc(dir: &Path) -> std::result::Result<(), String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{NVRTC_DIR_ENV}={}: {e}", dir.display()))?;
-    let mut builtins = Vec::new();
-    let mut main = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.contains(".alt.") || !name.contains(".so") {
-            continue;
-        }
-        if name.starts_with("libnvrtc-builtins") {
-            builtins.push(entry.path());
-        } else if name.starts_with("libnvrtc.so") {
-            main.push(entry.path());
-        }
-    }
-    if main.is_empty() {
-        return Err(format!("{NVRTC_DIR_ENV}={}: no libnvrtc.so* in that directory", dir.display()));
-    }
-    // Longest name first: the versioned file, not a symlink to it (either works).
-    main.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-    for p in &builtins {
-        ffi::dlopen_global(p)?;
-    }
-    ffi::dlopen_global(&main[0])
+fn probe_nvrtc(dir: Option<&Path>) -> std::result::Result<(NvrtcLib, NvrtcInfo), String> {
+    let lib = match dir {
+        Some(dir) => NvrtcLib::open_dir(dir).map_err(|e| format!("{NVRTC_DIR_ENV}={}: {e}", dir.display()))?,
+        None => NvrtcLib::open_default().map_err(|e| {
+            format!(
+                "NVRTC (libnvrtc.so.13) was not found ({e}); install it (gear-cuda/ci/install-nvrtc.sh) and set \
+                 {NVRTC_DIR_ENV} to its directory"
+            )
+        })?,
+    };
+    let version = lib.version()?;
+    let archs = lib.archs()?;
+    let info = NvrtcInfo { version, archs, preloaded_from: dir.map(Path::to_path_buf), library: lib.path.clone() };
+    Ok((lib, info))
 }
 
-fn probe_nvrtc(dir: Option<&Path>) -> std::result::Result<NvrtcInfo, String> {
-    let preloaded_from = match dir {
-        Some(dir) => {
-            preload_nvrtc(dir)?;
-            Some(dir.to_path_buf())
-        }
-        None => None,
-    };
-    // SAFETY: is_culib_present only tries to dlopen candidate names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(format!(
-            "NVRTC (libnvrtc.so.13) was not found; install it (gear-cuda/ci/install-nvrtc.sh) and set \
-             {NVRTC_DIR_ENV} or LD_LIBRARY_PATH to its directory"
-        ));
-    }
-    let run = || -> std::result::Result<NvrtcInfo, String> {
-        use cudarc::nvrtc::sys;
-        // SAFETY: the library is present; the calls take out-pointers sized
-        // as the API requires (the arch buffer is sized by the count call).
-        unsafe {
-            let (mut major, mut minor) = (0, 0);
-            sys::nvrtcVersion(&mut major, &mut minor).result().map_err(|e| format!("nvrtcVersion: {e}"))?;
-            let mut n = 0;
-            sys::nvrtcGetNumSupportedArchs(&mut n).result().map_err(|e| format!("nvrtcGetNumSupportedArchs: {e}"))?;
-            let mut archs = vec![0i32; n.max(0) as usize];
-            sys::nvrtcGetSupportedArchs(archs.as_mut_ptr())
-                .result()
-                .map_err(|e| format!("nvrtcGetSupportedArchs: {e}"))?;
-            Ok(NvrtcInfo { version: (major, minor), archs, preloaded_from: None })
-        }
-    };
-    let mut info = catch_unwind(AssertUnwindSafe(run))
-        .map_err(|p| format!("the NVRTC library is unusable: {}", panic_message(p)))??;
-    info.preloaded_from = preloaded_from;
-    Ok(info)
-}
-
-static NVRTC: OnceLock<std::result::Result<NvrtcInfo, String>> = OnceLock::new();
+type NvrtcProbe = std::result::Result<(NvrtcLib, NvrtcInfo), String>;
+static NVRTC: OnceLock<NvrtcProbe> = OnceLock::new();
 
 /// Probes NVRTC once per process (preloading from `GEAR_NVRTC_DIR` when
 /// set). Never panics.
@@ -173,5 +129,19 @@ pub fn nvrtc() -> Result<&'static NvrtcInfo> {
 /// `GEAR_NVRTC_DIR`. Only the first probe of the process loads anything;
 /// later calls return its result whatever `dir` they pass.
 pub fn nvrtc_from(dir: Option<&Path>) -> Result<&'static NvrtcInfo> {
-    NVRTC.get_or_init(|| probe_nvrtc(dir)).as_ref().map_err(|e| Error::BackendUnavailable(e.clone()))
+    nvrtc_lib_from(dir).map(|(_, info)| info)
+}
+
+/// The loaded library with its probe result (see [`nvrtc_from`]).
+pub(crate) fn nvrtc_lib_from(dir: Option<&Path>) -> Result<(&'static NvrtcLib, &'static NvrtcInfo)> {
+    match NVRTC.get_or_init(|| probe_nvrtc(dir)) {
+        Ok((lib, info)) => Ok((lib, info)),
+        Err(e) => Err(Error::BackendUnavailable(e.clone())),
+    }
+}
+
+/// The loaded library, probing with `GEAR_NVRTC_DIR` first (see [`nvrtc`]).
+pub(crate) fn nvrtc_lib() -> Result<&'static NvrtcLib> {
+    nvrtc()?;
+    nvrtc_lib_from(None).map(|(lib, _)| lib)
 }

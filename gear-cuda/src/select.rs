@@ -74,9 +74,8 @@ pub struct DevicePriorities {
     out_slot: Option<DeviceMemory>,
     out_prob: Option<DeviceMemory>,
     out_weight: Option<DeviceMemory>,
-    topk_p: Option<DeviceMemory>,
-    topk_i: Option<DeviceMemory>,
-    topk_n: Option<DeviceMemory>,
+    /// Scratch of the top-k sorting network: m slot indices.
+    topk_idx: Option<DeviceMemory>,
 }
 
 impl std::fmt::Debug for DevicePriorities {
@@ -112,9 +111,7 @@ impl DevicePriorities {
             out_slot: None,
             out_prob: None,
             out_weight: None,
-            topk_p: None,
-            topk_i: None,
-            topk_n: None,
+            topk_idx: None,
         };
         me.stream.synchronize()?;
         Ok(me)
@@ -272,35 +269,39 @@ impl DevicePriorities {
         }
         let n = self.capacity;
         let k = (k as u64).min(n);
-        let (chunk_len, nchunks) = plan::topk_chunks(n, k);
-        let p_addr = ensure(&mut self.topk_p, &self.device, &self.stream, nchunks * k * 8)?;
-        let i_addr = ensure(&mut self.topk_i, &self.device, &self.stream, nchunks * k * 4)?;
-        let n_addr = ensure(&mut self.topk_n, &self.device, &self.stream, nchunks * 8)?;
+        let (m, steps) = plan::topk_network(n);
+        let idx_addr = ensure(&mut self.topk_idx, &self.device, &self.stream, m * 4)?;
         let slot_addr = ensure(&mut self.out_slot, &self.device, &self.stream, k * 4)?;
         let prob_addr = ensure(&mut self.out_prob, &self.device, &self.stream, k * 8)?;
         let prio = self.prio.device_addr();
-        let f = self.device.function(KernelFn::TopkChunks)?;
+        let f = self.device.function(KernelFn::TopkInit)?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&prio).arg(&n).arg(&chunk_len).arg(&nchunks).arg(&k).arg(&p_addr).arg(&i_addr).arg(&n_addr);
-        // SAFETY: matches gear_topk_chunks(f64*, u64, u64, u64, u64, f64*,
-        // u32*, u64*); the candidate buffers hold nchunks*k entries and the
-        // counts nchunks.
-        unsafe { b.launch(cfg_1d(nchunks)) }?;
-        let f = self.device.function(KernelFn::TopkMerge)?;
+        b.arg(&n).arg(&m).arg(&idx_addr);
+        // SAFETY: matches gear_topk_init(u64, u64, u32*); idx holds m entries.
+        unsafe { b.launch(cfg_1d(m)) }?;
+        let f = self.device.function(KernelFn::TopkStep)?;
+        for (size, stride) in steps {
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&prio).arg(&n).arg(&m).arg(&size).arg(&stride).arg(&idx_addr);
+            // SAFETY: matches gear_topk_step(f64*, u64, u64, u64, u64, u32*);
+            // prio holds n entries, idx m; pairs (i, i + stride) lie in [0, m).
+            unsafe { b.launch(cfg_1d(m / 2)) }?;
+        }
+        let f = self.device.function(KernelFn::TopkEmit)?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&p_addr).arg(&i_addr).arg(&n_addr).arg(&nchunks).arg(&k).arg(&slot_addr).arg(&prob_addr);
-        // SAFETY: matches gear_topk_merge(f64*, u32*, u64*, u64, u64, u32*,
-        // f64*); outputs hold k entries and ranks written are < k.
-        unsafe { b.launch(cfg_1d(nchunks * k)) }?;
+        b.arg(&prio).arg(&n).arg(&idx_addr).arg(&k).arg(&slot_addr).arg(&prob_addr);
+        // SAFETY: matches gear_topk_emit(f64*, u64, u32*, u64, u32*, f64*);
+        // k <= n <= m, outputs hold k entries.
+        unsafe { b.launch(cfg_1d(k)) }?;
         self.stream.synchronize()?;
-        let mut cnt = vec![0u8; nchunks as usize * 8];
-        self.topk_n.as_ref().expect("ensured").read(0, &mut cnt)?;
-        let held: u64 = cnt.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).sum();
-        let got = held.min(k);
-        let mut slots = vec![0u8; got as usize * 4];
-        let mut prios = vec![0u8; got as usize * 8];
+        let mut slots = vec![0u8; k as usize * 4];
+        let mut prios = vec![0u8; k as usize * 8];
         self.out_slot.as_ref().expect("ensured").read(0, &mut slots)?;
         self.out_prob.as_ref().expect("ensured").read(0, &mut prios)?;
+        // Occupied slots sort first; the first empty entry ends the list.
+        let got = from_f64s(&prios).iter().take_while(|&&p| p >= 0.0).count();
+        slots.truncate(got * 4);
+        prios.truncate(got * 8);
         Ok(slots.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).zip(from_f64s(&prios)).collect())
     }
 }

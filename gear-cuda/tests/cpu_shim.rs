@@ -127,8 +127,9 @@ struct GatherCase {
 }
 
 /// Sends the case through the crate's own plan and the driver; returns the
-/// kernel's lengths and column buffers, and the per-segment copy widths the
-/// kernel's alignment rule chose (for coverage).
+/// kernel's lengths and column buffers, and per copy its path (for
+/// coverage): 16 for aligned words, 17 for realigned words, 1 for bytes
+/// only.
 fn run_gather(exe: &PathBuf, case: &GatherCase) -> (Vec<Vec<u8>>, Vec<u64>, Vec<u64>) {
     let stride = case.layout.slot_stride();
     let table_bytes = case.layout.total_bytes();
@@ -168,32 +169,34 @@ fn run_gather(exe: &PathBuf, case: &GatherCase) -> (Vec<Vec<u8>>, Vec<u64>, Vec<
     let out = run(exe, &w.0);
     let mut r = Reader(&out);
     let lengths: Vec<u64> = (0..case.rows.len()).map(|_| r.u()).collect();
+    let counted = (r.u(), r.u());
     let cols = (0..case.batch.columns().len()).map(|i| r.bytes(case.batch.column_bytes(i) as usize)).collect();
     assert!(r.0.is_empty(), "driver wrote trailing bytes");
-    // Which copy width did each non-empty copy take? Mirrors gear_copy's rule
-    // on the addresses the driver used (64-byte aligned bases + misalign).
-    let mut widths = Vec::new();
-    for (ri, row) in case.rows.iter().enumerate() {
-        let rw = case.batch.window().resolve(row.len);
-        if rw.steps == 0 {
-            continue;
-        }
-        for (i, &c) in case.batch.columns().iter().enumerate() {
-            let s = case.batch.step_bytes()[i];
-            let src = case.blob_mis + p.words[ri] + case.layout.offset(0, c, 0) + rw.src_step * s;
-            let dst = case.dst_mis[i] + ri as u64 * case.batch.row_bytes(i) + rw.dst_step * s;
-            let rel = src ^ dst;
-            widths.push(if rel & 15 == 0 {
-                16
-            } else if rel & 7 == 0 {
-                8
-            } else if rel & 3 == 0 {
-                4
-            } else {
-                1
-            });
-        }
+    // The plan's copy shapes, on the addresses the driver used (bases 64-byte
+    // aligned plus the misalignments), must predict the loads the kernel
+    // counted: the kernel really moves those words 16 bytes at a time.
+    let mut shifted = p.clone();
+    for word in &mut shifted.words[..case.rows.len()] {
+        *word += case.blob_mis;
     }
+    for (i, m) in case.dst_mis.iter().enumerate() {
+        shifted.words[p.cols_at() + 3 * i + 2] = *m;
+    }
+    let shapes = plan::copy_shapes(&shifted);
+    let predicted = shapes.iter().fold((0, 0), |(a, b), s| (a + s.loads().0, b + s.loads().1));
+    assert_eq!(counted, predicted, "source loads (1-byte, 16-byte) counted by the shim vs the plan");
+    let widths = shapes
+        .iter()
+        .map(|s| {
+            if s.words == 0 {
+                1
+            } else if s.realigned {
+                17
+            } else {
+                16
+            }
+        })
+        .collect();
     (cols, lengths, widths)
 }
 
@@ -267,8 +270,9 @@ fn gather_matches_the_collector_contract_on_random_cases() {
             *widths.entry(x).or_insert(0u32) += 1;
         }
     }
-    // Every copy path (16-byte words, 8, 4, bytes only) was exercised.
-    for width in [16, 8, 4, 1] {
+    // Every copy path (aligned 16-byte words, realigned words, bytes only)
+    // was exercised.
+    for width in [16, 17, 1] {
         assert!(widths.get(&width).copied().unwrap_or(0) >= 20, "copy width {width} rarely hit: {widths:?}");
     }
 }
@@ -467,43 +471,124 @@ fn all_zero_weights_report_a_zero_total() {
 
 // ---------------------------------------------------------------- top-k, scatter
 
-fn run_topk(exe: &PathBuf, prio: &[f64], k: u64, chunking: (u64, u64)) -> Vec<(u32, f64)> {
-    let (chunk_len, nchunks) = chunking;
-    let mut w = Writer::default();
-    w.u(3).u(plan::grid_1d(nchunks).into()).u(plan::BLOCK.into()).u(plan::grid_1d(nchunks * k).into());
-    w.u(prio.len() as u64).u(chunk_len).u(nchunks).u(k);
+/// Appends one top-k op with the crate's own launch plan (or, with
+/// `small_grids`, one-block grids, so each simulated thread strides).
+fn topk_op(w: &mut Writer, prio: &[f64], k: u64, small_grids: bool) {
+    let n = prio.len() as u64;
+    let (m, steps) = plan::topk_network(n);
+    let grid = |items: u64| if small_grids { 1 } else { u64::from(plan::grid_1d(items)) };
+    w.u(3).u(grid(m)).u(grid(k)).u(plan::BLOCK.into());
+    w.u(n).u(k).u(m).u(steps.len() as u64);
+    for (size, stride) in steps {
+        w.u(grid(m / 2)).u(size).u(stride);
+    }
     for &p in prio {
         w.f(p);
     }
-    let out = run(exe, &w.0);
-    let mut r = Reader(&out);
-    (0..k).map(|_| (r.u() as u32, r.f())).collect()
 }
 
+/// The classic CPU top-k: a min-heap of the best k seen so far, then sorted
+/// best first. Order: higher priority, then lower slot; negative = empty.
+fn heap_top_k(prio: &[f64], k: usize) -> Vec<(u32, f64)> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    struct Key(f64, Reverse<u32>);
+    impl PartialEq for Key {
+        fn eq(&self, o: &Self) -> bool {
+            self.cmp(o).is_eq()
+        }
+    }
+    impl Eq for Key {}
+    impl PartialOrd for Key {
+        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(o))
+        }
+    }
+    impl Ord for Key {
+        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+            self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+        }
+    }
+    let mut heap = BinaryHeap::new();
+    for (i, &p) in prio.iter().enumerate() {
+        if p < 0.0 {
+            continue;
+        }
+        heap.push(Reverse(Key(p, Reverse(i as u32))));
+        if heap.len() > k {
+            heap.pop();
+        }
+    }
+    let mut v: Vec<(u32, f64)> = heap.into_iter().map(|Reverse(Key(p, Reverse(i)))| (i, p)).collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
+
+fn check_topk(out: &[u8], cases: &[(Vec<f64>, u64)]) {
+    let mut r = Reader(out);
+    for (case, (prio, k)) in cases.iter().enumerate() {
+        let got: Vec<(u32, f64)> = (0..*k).map(|_| (r.u() as u32, r.f())).collect();
+        let want = heap_top_k(prio, *k as usize);
+        let n = prio.len();
+        assert_eq!(&got[..want.len()], &want[..], "case {case}: n {n}, k {k}");
+        assert!(
+            got[want.len()..].iter().all(|&(s, p)| s == u32::MAX && p == -1.0),
+            "case {case}: n {n}, k {k}: entries past the occupied slots must be marked empty: {:?}",
+            &got[want.len()..]
+        );
+    }
+}
+
+/// Every k from 1 to n, for every n up to 40 and a few larger ones, with
+/// ties and empty slots, against the CPU heap.
+#[test]
+fn top_k_matches_a_cpu_heap_for_every_k() {
+    let Some(exe) = driver() else { return };
+    let mut rng = Xoshiro256::seed_from_u64(3);
+    let mut cases = Vec::new();
+    for n in (1..=40u64).chain([63, 64, 65, 100, 129]) {
+        // Few distinct values, so ties are common; one in five slots empty.
+        let prio: Vec<f64> =
+            (0..n).map(|_| if rng.below(5) == 0 { -1.0 } else { rng.below(12) as f64 / 4.0 }).collect();
+        for k in 1..=n {
+            cases.push((prio.clone(), k));
+        }
+    }
+    let mut w = Writer::default();
+    for (i, (prio, k)) in cases.iter().enumerate() {
+        topk_op(&mut w, prio, *k, i % 3 == 0);
+    }
+    check_topk(&run(exe, &w.0), &cases);
+}
+
+/// Larger tables with distinct and tied priorities, k up to n.
 #[test]
 fn top_k_is_the_best_k_with_ties_to_the_lower_slot() {
     let Some(exe) = driver() else { return };
-    let mut rng = Xoshiro256::seed_from_u64(3);
-    for case in 0..60 {
-        let n = 1 + rng.below(if case % 5 == 0 { 5000 } else { 200 });
-        // Few distinct values, so ties are common.
-        let prio: Vec<f64> =
-            (0..n).map(|_| if rng.below(5) == 0 { -1.0 } else { rng.below(12) as f64 / 4.0 }).collect();
-        let k = 1 + rng.below(n.min(64));
-        let chunking = if case % 2 == 0 {
-            plan::topk_chunks(n, k)
-        } else {
-            let len = 1 + rng.below(n);
-            (len, n.div_ceil(len))
+    let mut rng = Xoshiro256::seed_from_u64(4);
+    let mut cases = Vec::new();
+    for case in 0..24 {
+        let n = 1 + rng.below(if case % 4 == 0 { 5000 } else { 300 });
+        let prio: Vec<f64> = (0..n)
+            .map(|_| match rng.below(6) {
+                0 => -1.0,
+                1 => 0.0,
+                _ if case % 2 == 0 => rng.next_f64(),
+                _ => rng.below(7) as f64,
+            })
+            .collect();
+        let k = match case % 3 {
+            0 => n,
+            1 => 1 + rng.below(n),
+            _ => n.div_ceil(4),
         };
-        let got = run_topk(exe, &prio, k, chunking);
-        let mut want: Vec<(u32, f64)> =
-            prio.iter().enumerate().filter(|(_, &p)| p >= 0.0).map(|(i, &p)| (i as u32, p)).collect();
-        want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        want.truncate(k as usize);
-        assert_eq!(&got[..want.len()], &want[..], "case {case} (n {n}, k {k}, chunking {chunking:?})");
-        assert!(got[want.len()..].iter().all(|&(s, p)| s == u32::MAX && p == -2.0), "case {case}: extra output");
+        cases.push((prio, k));
     }
+    let mut w = Writer::default();
+    for (prio, k) in &cases {
+        topk_op(&mut w, prio, *k, false);
+    }
+    check_topk(&run(exe, &w.0), &cases);
 }
 
 #[test]

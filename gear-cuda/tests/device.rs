@@ -93,6 +93,53 @@ fn zero_copy_gather_matches_the_reference_byte_for_byte() {
     }
 }
 
+/// A torn row is gathered again alone: after `regather_rows`, the replaced
+/// rows hold their new windows and lengths, and every other row keeps the
+/// bytes it had (here a poison pattern), so nothing else was copied.
+#[test]
+fn regather_rows_copies_only_the_listed_rows() {
+    let Some(dev) = common::device_or_skip() else { return };
+    let spec = spec();
+    let table = pinned_table(&dev, &spec);
+    let data = common::fill_table(&table, 3);
+    let collector = CudaCollector::new(&dev);
+    let mut rng = Xoshiro256::seed_from_u64(4);
+    let t = spec.max_len();
+    let mut rows = random_rows(&mut rng, 12, spec.capacity(), t);
+    let bl =
+        BatchLayout::new(table.layout(), &[0, 1, 2], rows.len(), WindowSpec { offset: -5, len: 9, pad: Pad::Head })
+            .unwrap();
+    let mut batch = collector.alloc(&bl).unwrap();
+    collector.gather_into(&table.view(), &rows, &mut batch).unwrap();
+    check_batch(&batch, table.layout(), &data, &bl, &rows, "first gather");
+    for c in 0..3 {
+        batch.column(c).unwrap().fill_async(0xAB, collector.stream()).unwrap();
+    }
+    let which = [2usize, 7, 11];
+    for &r in &which {
+        rows[r] = GatherRow { slot: ((rows[r].slot as u64 + 1) % spec.capacity()) as u32, len: 1 + rng.below(t) };
+    }
+    collector.regather_rows(&table.view(), &rows, &which, &mut batch).unwrap();
+    batch.synchronize().unwrap();
+    let (want, want_lengths) = common::gather_reference(table.layout(), &data, &bl, &rows);
+    for &r in &which {
+        assert_eq!(batch.lengths()[r], want_lengths[r]);
+    }
+    assert_eq!(batch.lengths_from_device().unwrap()[2], want_lengths[2]);
+    for (c, want) in want.iter().enumerate() {
+        let got = batch.column_to_host(c).unwrap();
+        let rb = bl.row_bytes(c) as usize;
+        for r in 0..rows.len() {
+            let row = &got[r * rb..][..rb];
+            if which.contains(&r) {
+                assert_eq!(row, &want[r * rb..][..rb], "column {c} row {r}: regathered");
+            } else {
+                assert!(row.iter().all(|&b| b == 0xAB), "column {c} row {r} was copied again");
+            }
+        }
+    }
+}
+
 #[test]
 fn registered_shared_region_is_read_in_place() {
     let Some(dev) = common::device_or_skip() else { return };
@@ -100,6 +147,7 @@ fn registered_shared_region_is_read_in_place() {
     let bytes = gear_core::RegionLayout::for_spec(&spec).unwrap().total_bytes as usize;
     let shm = common::SharedMapping::new(bytes);
     let reg = dev.register(shm).unwrap();
+    println!("registered read-only: {}", reg.is_read_only());
     assert_eq!(reg.kind(), MemoryKind::Shared, "a registered region keeps its kind");
     assert_eq!(reg.name(), Some("test-shared-mapping"));
     assert!(reg.device_ptr().is_some());

@@ -1,31 +1,33 @@
 //! `cargo xtask gpu-test`: builds gear-cuda's test, bench and example
-//! binaries, and gear-api's CUDA sampler test (`gear-api/tests/cuda.rs`,
-//! feature `cuda`, packed as `gear_api_cuda`), into a self-contained folder
+//! binaries, gear-api's CUDA sampler test (`gear-api/tests/cuda.rs`,
+//! feature `cuda`, packed as `gear_api_cuda`) and the `gear` binary with the
+//! `cuda` feature, strips them, and puts them into a self-contained folder
 //! (default `target/gpu-test/`) with a `run.sh` that runs them on a GPU
-//! machine that has no cargo, and runs it here when this machine has a GPU.
-//!
-//! xtask dependencies this module needs: `anyhow` and `serde_json` (both in
-//! `[workspace.dependencies]`). Wire it up with `mod gpu_test;` and a
-//! `gpu-test` subcommand that calls `gpu_test::run(&rest_of_args)`.
+//! machine that has no cargo; it runs it here when this machine has a GPU.
 //!
 //! ```text
-//! cargo xtask gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]
+//! cargo xtask gpu-test [--out DIR] [--run | --build-only]
 //! ```
 //!
-//! * `--out DIR`: where to put `bin/`, `run.sh` (and `nvrtc/`); default
+//! * `--out DIR`: where to put `bin/` and `run.sh`; default
 //!   `<workspace>/target/gpu-test`.
-//! * `--bundle-nvrtc`: copy the NVRTC libraries (from `GEAR_NVRTC_DIR`, or
-//!   `.ci/nvrtc` as `gear-cuda/ci/install-nvrtc.sh` installs them) into
-//!   `DIR/nvrtc`, for GPU machines without a CUDA toolkit (about 115 MB).
 //! * `--run` / `--build-only`: run `run.sh` after building, or never; by
 //!   default it runs when an NVIDIA GPU is visible (`nvidia-smi -L`
 //!   succeeds or `/dev/nvidia0` exists).
 //!
-//! `run.sh` sets `GEAR_REQUIRE_GPU=1` (a skipped device test fails), points
-//! `GEAR_NVRTC_DIR` at the bundled NVRTC when present and not already set,
-//! runs every test binary, then the `cuda_bench` example (and the criterion
-//! benches when `GEAR_GPU_CRITERION=1`), and exits non-zero if anything
-//! failed.
+//! The package carries no NVRTC: the kernels are compiled to PTX and CUBIN
+//! when gear-cuda is built (`gear-cuda/build.rs`), so the build needs NVRTC
+//! (`GEAR_NVRTC_DIR`, or `.ci/nvrtc` from `gear-cuda/ci/install-nvrtc.sh`)
+//! and this command refuses to pack a gear-cuda built without it. The GPU
+//! machine needs only the NVIDIA driver (CUDA 13, r580 or newer) and a
+//! glibc at least as new as the one the binaries were linked against
+//! (`run.sh` prints the requirement). The folder must stay under
+//! [`MAX_PACKAGE_BYTES`] (the tool that carries it takes at most 64 MiB).
+//!
+//! `run.sh` sets `GEAR_REQUIRE_GPU=1` (a skipped device test fails), runs
+//! every test binary, then the `cuda_bench` example and
+//! `gear bench --backend cuda` (and the criterion benches when
+//! `GEAR_GPU_CRITERION=1`), and exits non-zero if anything failed.
 
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
@@ -33,15 +35,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Usage text for `cargo xtask help`.
-pub const USAGE: &str = "gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]
-    build gear-cuda's test binaries and gear-api's cuda test into DIR (default
-    target/gpu-test) with a run.sh
-    for GPU machines without cargo; run them when a GPU is present";
+pub const USAGE: &str = "gpu-test [--out DIR] [--run | --build-only]
+    build gear-cuda's tests, gear-api's cuda test and `gear` (stripped, kernels
+    precompiled to PTX/CUBIN, no NVRTC) into DIR (default target/gpu-test) with
+    a run.sh for GPU machines without cargo; run them when a GPU is present.
+    On the GPU machine: `cd DIR && ./run.sh` (needs only the NVIDIA driver)";
+
+/// The most the package may weigh: the tool that carries work to a GPU
+/// machine takes at most 64 MiB, and this leaves room beside it.
+pub const MAX_PACKAGE_BYTES: u64 = 30_000_000;
 
 #[derive(Debug, Default)]
 struct Options {
     out: Option<PathBuf>,
-    bundle_nvrtc: bool,
     /// `Some(true)`: always run; `Some(false)`: never; `None`: if a GPU is seen.
     run: Option<bool>,
 }
@@ -52,7 +58,10 @@ fn parse(args: &[String]) -> Result<Options> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--out" => o.out = Some(PathBuf::from(it.next().context("--out needs a directory")?)),
-            "--bundle-nvrtc" => o.bundle_nvrtc = true,
+            "--bundle-nvrtc" => bail!(
+                "gpu-test: --bundle-nvrtc is gone: kernels are compiled to PTX at build time and the package \
+                 needs only the NVIDIA driver"
+            ),
             "--run" => o.run = Some(true),
             "--build-only" => o.run = Some(false),
             "-h" | "--help" => {
@@ -127,6 +136,7 @@ fn parse_artifacts(json_lines: &str, krate: &str, role: &'static str) -> Result<
         let wanted = match role {
             "test" => is_test && !kinds.contains(&"bench"),
             "bench" => kinds.contains(&"bench"),
+            "bin" => kinds.contains(&"bin") && !is_test,
             _ => kinds.contains(&"example"),
         };
         if !wanted {
@@ -151,21 +161,20 @@ fn gpu_present() -> bool {
     smi || Path::new("/dev/nvidia0").exists()
 }
 
-fn run_script(tests: &[Artifact], bench: &[Artifact], examples: &[Artifact]) -> String {
+fn run_script(tests: &[Artifact], bench: &[Artifact], examples: &[Artifact], glibc: &str) -> String {
     let mut s = String::from(
         r#"#!/usr/bin/env bash
 # Runs gear-cuda's tests and bench on a GPU machine; needs no cargo.
 # Generated by `cargo xtask gpu-test`; see gear-cuda/README.md.
 #   ./run.sh                      tests (GEAR_REQUIRE_GPU=1) then the bench
 #   GEAR_GPU_CRITERION=1 ./run.sh also the criterion benches
+# Needs only the NVIDIA driver: the kernels are embedded as PTX/CUBIN.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export GEAR_REQUIRE_GPU=1
-if [[ -z "${GEAR_NVRTC_DIR:-}" && -d "$here/nvrtc" ]]; then
-    export GEAR_NVRTC_DIR="$here/nvrtc"
-fi
 nvidia-smi -L 2>/dev/null || echo "run.sh: nvidia-smi not found or failed"
-echo "GEAR_NVRTC_DIR=${GEAR_NVRTC_DIR:-<unset: loader search path>}"
+echo "run.sh: built for glibc >= @GLIBC@; here: $(ldd --version 2>/dev/null | head -n1)"
+echo "GEAR_NVRTC_DIR=${GEAR_NVRTC_DIR:-<unset: not needed unless a kernel image does not load>}"
 failed=()
 run() {
     local name="$1"; shift
@@ -181,6 +190,7 @@ run() {
     for e in examples {
         let _ = writeln!(s, "run {}", e.name);
     }
+    s.push_str(GEAR_BENCH_LINES);
     if !bench.is_empty() {
         s.push_str("if [[ \"${GEAR_GPU_CRITERION:-0}\" == 1 ]]; then\n");
         for b in bench {
@@ -188,6 +198,7 @@ run() {
         }
         s.push_str("fi\n");
     }
+    s = s.replace("@GLIBC@", glibc);
     s.push_str(
         r#"echo
 if (( ${#failed[@]} )); then
@@ -200,38 +211,67 @@ echo "run.sh: all passed"
     s
 }
 
-/// Copies the NVRTC libraries (not the `.alt` variants, not symlinks) into
-/// `dest`.
-fn bundle_nvrtc(root: &Path, dest: &Path) -> Result<()> {
-    let src = match std::env::var_os("GEAR_NVRTC_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => root.join(".ci/nvrtc/nvidia/cu13/lib"),
-    };
-    if !src.is_dir() {
-        bail!(
-            "--bundle-nvrtc: no NVRTC at {} (run gear-cuda/ci/install-nvrtc.sh or set GEAR_NVRTC_DIR)",
-            src.display()
-        );
+/// `gear bench --backend cuda` at batch sizes 32 to 1024, then once with an
+/// odd T (127 steps: slot strides and window starts not 16-byte aligned,
+/// so the gather's realigned path carries the bytes).
+const GEAR_BENCH_LINES: &str = r#"for b in 32 128 256 1024; do
+    run gear bench --backend cuda --batch "$b" --batches 200
+done
+run gear bench --backend cuda --batch 256 --steps 127 --batches 200
+"#;
+
+/// Strips symbols and debug info from `path` in place (binutils `strip`,
+/// else `objcopy --strip-all`).
+fn strip(path: &Path) -> Result<()> {
+    for (tool, flag) in [("strip", "--strip-all"), ("objcopy", "--strip-all")] {
+        match Command::new(tool).arg(flag).arg(path).status() {
+            Ok(s) if s.success() => return Ok(()),
+            Ok(s) => bail!("{tool} {flag} {} failed ({s})", path.display()),
+            Err(_) => continue,
+        }
     }
-    std::fs::create_dir_all(dest)?;
-    let mut copied = 0;
-    for entry in std::fs::read_dir(&src)? {
+    bail!("neither `strip` nor `objcopy` found; install binutils to pack {}", path.display())
+}
+
+/// The newest `GLIBC_x.y` symbol version the ELF file at `path` needs, from
+/// its dynamic symbol version strings (`None` if none is found).
+fn glibc_needed(path: &Path) -> Result<Option<(u32, u32)>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(glibc_versions(&bytes).max())
+}
+
+fn glibc_versions(bytes: &[u8]) -> impl Iterator<Item = (u32, u32)> + '_ {
+    let needle = b"GLIBC_";
+    bytes.windows(needle.len()).enumerate().filter(move |(_, w)| *w == needle).filter_map(move |(i, _)| {
+        let rest = &bytes[i + needle.len()..];
+        let end = rest.iter().position(|&b| !(b.is_ascii_digit() || b == b'.')).unwrap_or(rest.len());
+        let v = std::str::from_utf8(&rest[..end]).ok()?;
+        let mut it = v.split('.');
+        let major = it.next()?.parse().ok()?;
+        let minor = it.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+        Some((major, minor))
+    })
+}
+
+/// Total bytes of the regular files under `dir`.
+fn folder_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("libnvrtc") || name.contains(".alt.") || !name.contains(".so") {
-            continue;
+        let ty = entry.file_type()?;
+        if ty.is_dir() {
+            total += folder_bytes(&entry.path())?;
+        } else if ty.is_file() {
+            total += entry.metadata()?.len();
         }
-        // Skip symlinks (libnvrtc.so -> libnvrtc.so.13): gear-cuda preloads
-        // the versioned files from GEAR_NVRTC_DIR, and a second full copy
-        // under another name could be loaded twice.
-        if entry.file_type()?.is_symlink() {
-            continue;
-        }
-        std::fs::copy(entry.path(), dest.join(&name)).with_context(|| format!("copying {name}"))?;
-        copied += 1;
     }
-    if copied == 0 {
-        bail!("--bundle-nvrtc: {} holds no libnvrtc*.so*", src.display());
+    Ok(total)
+}
+
+/// Refuses a package over [`MAX_PACKAGE_BYTES`].
+fn check_size(bytes: u64) -> Result<()> {
+    if bytes > MAX_PACKAGE_BYTES {
+        bail!("gpu-test: the package has {bytes} bytes, more than the {MAX_PACKAGE_BYTES} allowed");
     }
     Ok(())
 }
@@ -260,28 +300,55 @@ pub fn run(args: &[String]) -> Result<()> {
         &["build", "-p", "gear-cuda", "--release", "--example", "cuda_bench"],
         "example",
     )?;
+    let gear = cargo_executables(
+        &root,
+        "gear-api",
+        &["build", "-p", "gear-api", "--features", "cuda", "--release", "--bin", "gear"],
+        "bin",
+    )?;
+    if gear.len() != 1 {
+        bail!("cargo reported {} `gear` executables, expected 1", gear.len());
+    }
 
     let bin = out.join("bin");
     if bin.exists() {
         std::fs::remove_dir_all(&bin).with_context(|| format!("clearing {}", bin.display()))?;
     }
     std::fs::create_dir_all(&bin)?;
-    for a in tests.iter().chain(&bench).chain(&examples) {
-        std::fs::copy(&a.path, bin.join(&a.name))
-            .with_context(|| format!("copying {} to {}", a.path.display(), bin.display()))?;
+    let mut glibc = (2, 2);
+    for a in tests.iter().chain(&bench).chain(&examples).chain(&gear) {
+        let dest = bin.join(&a.name);
+        std::fs::copy(&a.path, &dest).with_context(|| format!("copying {} to {}", a.path.display(), bin.display()))?;
+        strip(&dest)?;
+        glibc = glibc.max(glibc_needed(&dest)?.unwrap_or((2, 2)));
     }
-    if opts.bundle_nvrtc {
-        bundle_nvrtc(&root, &out.join("nvrtc"))?;
+    // Without NVRTC at build time the binaries would need it at run time.
+    let probe = tests.iter().find(|a| a.name == "gear_cuda_unit").context("no gear-cuda unit-test binary")?;
+    let marker = b".target sm_80";
+    let embedded = std::fs::read(bin.join(&probe.name))?.windows(marker.len()).any(|w| w == marker);
+    if !embedded {
+        bail!(
+            "gear-cuda was built without NVRTC, so no PTX is embedded; run gear-cuda/ci/install-nvrtc.sh (or set \
+             GEAR_NVRTC_DIR) and build again"
+        );
     }
     let script = out.join("run.sh");
-    std::fs::write(&script, run_script(&tests, &bench, &examples))?;
+    std::fs::write(&script, run_script(&tests, &bench, &examples, &format!("{}.{}", glibc.0, glibc.1)))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
     }
-    let names: Vec<&str> = tests.iter().chain(&bench).chain(&examples).map(|a| a.name.as_str()).collect();
-    println!("gpu-test: wrote {} ({})", out.display(), names.join(", "));
+    let names: Vec<&str> = tests.iter().chain(&bench).chain(&examples).chain(&gear).map(|a| a.name.as_str()).collect();
+    let bytes = folder_bytes(&out)?;
+    println!(
+        "gpu-test: wrote {} ({bytes} bytes, needs glibc >= {}.{}: {})",
+        out.display(),
+        glibc.0,
+        glibc.1,
+        names.join(", ")
+    );
+    check_size(bytes)?;
 
     let run_now = opts.run.unwrap_or_else(gpu_present);
     if !run_now {
@@ -334,9 +401,71 @@ mod tests {
     #[test]
     fn script_runs_tests_then_bench() {
         let a = |name: &str, role| Artifact { name: name.into(), role, path: PathBuf::new() };
-        let s = run_script(&[a("device", "test")], &[a("cuda_gather", "bench")], &[a("cuda_bench", "example")]);
+        let s = run_script(&[a("device", "test")], &[a("cuda_gather", "bench")], &[a("cuda_bench", "example")], "2.34");
         let t = s.find("run device").unwrap();
         let e = s.find("run cuda_bench").unwrap();
-        assert!(t < e && s.contains("GEAR_REQUIRE_GPU=1") && s.contains("run cuda_gather --bench"));
+        let g = s.find("run gear bench --backend cuda").unwrap();
+        assert!(t < e && e < g && s.contains("GEAR_REQUIRE_GPU=1") && s.contains("run cuda_gather --bench"));
+        assert!(s.contains("glibc >= 2.34") && !s.contains("@GLIBC@") && !s.contains("nvrtc/"));
+    }
+
+    #[test]
+    fn package_size_limit() {
+        assert!(check_size(MAX_PACKAGE_BYTES).is_ok());
+        // What `--bundle-nvrtc` used to make: 219 MB.
+        assert!(check_size(219_000_000).is_err());
+        const { assert!(MAX_PACKAGE_BYTES < 64 << 20) };
+    }
+
+    #[test]
+    fn newest_glibc_symbol_version() {
+        let elf = b"\0GLIBC_2.2.5\0GLIBC_2.34\0GLIBC_PRIVATE\0GLIBC_2.17\0";
+        assert_eq!(glibc_versions(elf).max(), Some((2, 34)));
+        assert_eq!(glibc_versions(b"none").max(), None);
+    }
+
+    /// Section names of a little-endian ELF64 file (empty if it is not one).
+    fn elf_sections(b: &[u8]) -> Vec<String> {
+        let u16_at = |o: usize| b.get(o..o + 2).map_or(0, |s| u16::from_le_bytes([s[0], s[1]]) as usize);
+        let u32_at = |o: usize| b.get(o..o + 4).map_or(0, |s| u32::from_le_bytes(s.try_into().unwrap()) as usize);
+        let u64_at = |o: usize| b.get(o..o + 8).map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap()) as usize);
+        if !b.starts_with(b"\x7fELF") || b.get(4) != Some(&2) {
+            return Vec::new();
+        }
+        let (shoff, shentsize, shnum, shstrndx) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+        let strtab = u64_at(shoff + shstrndx * shentsize + 0x18);
+        (0..shnum)
+            .map(|i| {
+                let name = strtab + u32_at(shoff + i * shentsize);
+                let end = b[name..].iter().position(|&c| c == 0).map_or(b.len(), |e| name + e);
+                String::from_utf8_lossy(&b[name..end]).into_owned()
+            })
+            .collect()
+    }
+
+    /// A packed binary is stripped: no symbol table or line tables left.
+    #[test]
+    fn strip_removes_symbols_and_line_tables() {
+        let me = std::env::current_exe().unwrap();
+        let before = std::fs::read(&me).unwrap();
+        let sections = elf_sections(&before);
+        if !sections.iter().any(|s| s == ".symtab") {
+            println!("skipped: this test binary has no symbol table to strip ({sections:?})");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("gear-strip-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("bin");
+        std::fs::copy(&me, &copy).unwrap();
+        if let Err(e) = strip(&copy) {
+            std::fs::remove_dir_all(&dir).ok();
+            println!("skipped: {e}");
+            return;
+        }
+        let after = std::fs::read(&copy).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        let left = elf_sections(&after);
+        assert!(!left.is_empty() && after.len() < before.len());
+        assert!(!left.iter().any(|s| [".symtab", ".debug_info", ".debug_line"].contains(&s.as_str())), "{left:?}");
     }
 }

@@ -10,7 +10,7 @@
 //!   sampler processes on one shared table, every sampled row checked) for N
 //!   seconds instead of the test suite's few, then the corrupted-table fuzz
 //!   (`gear-api/tests/corruption.rs`) over thousands of cases.
-//! * `gpu-test [--out DIR] [--bundle-nvrtc] [--run | --build-only]`: packs
+//! * `gpu-test [--out DIR] [--run | --build-only]`: packs
 //!   gear-cuda's test and bench binaries into a folder a GPU machine without
 //!   cargo can run (`run.sh`), and runs it when a GPU is present.
 

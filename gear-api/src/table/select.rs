@@ -32,6 +32,11 @@ pub(crate) struct Selection {
 }
 
 impl ReplayTable {
+    /// The table's `max_times_sampled`, if set.
+    pub(crate) fn max_times_sampled(&self) -> Option<u64> {
+        self.shared.max_times_sampled
+    }
+
     /// A sampler's random stream and buffers for [`ReplayTable::select`]:
     /// each sampler of a seeded table gets its own stream, the same one in
     /// every run.

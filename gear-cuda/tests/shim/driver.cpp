@@ -71,11 +71,14 @@ static void op_gather() {
         cols[3 * c + 2] += (gear_u64)dst.back()->p;
     }
     std::vector<gear_u64> lengths(rows, ~0ULL);
+    std::memset(gear_loads, 0, sizeof gear_loads);
     gear_launch(dims(gx, gy), dims(bx, 1), [&] {
         gear_gather(row_src.data(), row_len.data(), cols.data(), rows, ncols, w_offset, w_len, pad_head,
                     lengths.data());
     });
     for (auto v : lengths) wr(v);
+    wr(gear_loads[1]);
+    wr(gear_loads[16]);
     for (gear_u64 c = 0; c < ncols; ++c) {
         wr_raw(dst[c]->p, rows * w_len * cols[3 * c + 1]);
         delete dst[c];
@@ -119,22 +122,30 @@ static void op_sample() {
     }
 }
 
+// Input: the grid x of init/emit and the block size, n, k, the network
+// (m, steps as (size, stride), each launched with its own grid x), then n
+// priorities. Output: k (slot, priority) pairs.
 static void op_topk() {
-    gear_u64 gx = rd(), bx = rd(), mgx = rd();
-    gear_u64 n = rd(), chunk_len = rd(), nchunks = rd(), k = rd();
+    gear_u64 gx_init = rd(), gx_emit = rd(), bx = rd();
+    gear_u64 n = rd(), k = rd(), m = rd(), nsteps = rd();
+    std::vector<gear_u64> step_gx(nsteps), size(nsteps), stride(nsteps);
+    for (gear_u64 s = 0; s < nsteps; ++s) {
+        step_gx[s] = rd();
+        size[s] = rd();
+        stride[s] = rd();
+    }
     std::vector<double> prio(n);
     for (auto& v : prio) v = rdf();
-    std::vector<double> cand_p(nchunks * k);
-    std::vector<gear_u32> cand_i(nchunks * k);
-    std::vector<gear_u64> cand_n(nchunks);
-    std::vector<gear_u32> out_slot(k, 0xffffffffu);
+    std::vector<gear_u32> idx(m, 0x12345678u);
+    std::vector<gear_u32> out_slot(k, 0x0badf00du);
     std::vector<double> out_prio(k, -2.0);
-    gear_launch(dims(gx, 1), dims(bx, 1), [&] {
-        gear_topk_chunks(prio.data(), n, chunk_len, nchunks, k, cand_p.data(), cand_i.data(), cand_n.data());
-    });
-    gear_launch(dims(mgx, 1), dims(bx, 1), [&] {
-        gear_topk_merge(cand_p.data(), cand_i.data(), cand_n.data(), nchunks, k, out_slot.data(), out_prio.data());
-    });
+    gear_launch(dims(gx_init, 1), dims(bx, 1), [&] { gear_topk_init(n, m, idx.data()); });
+    for (gear_u64 s = 0; s < nsteps; ++s) {
+        gear_launch(dims(step_gx[s], 1), dims(bx, 1),
+                    [&] { gear_topk_step(prio.data(), n, m, size[s], stride[s], idx.data()); });
+    }
+    gear_launch(dims(gx_emit, 1), dims(bx, 1),
+                [&] { gear_topk_emit(prio.data(), n, idx.data(), k, out_slot.data(), out_prio.data()); });
     for (gear_u64 i = 0; i < k; ++i) {
         wr(out_slot[i]);
         wrf(out_prio[i]);

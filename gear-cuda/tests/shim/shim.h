@@ -19,6 +19,11 @@ static gear_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 using std::pow;
 
+// Source loads of the gather by width in bytes (index 1 or 16), counted by
+// GEAR_COUNT_LOAD (common.cuh) and reported by the driver.
+static unsigned long long gear_loads[17];
+#define GEAR_COUNT_LOAD(bytes) (++gear_loads[(bytes)])
+
 // Runs `body` once per (block, thread) of the grid, in order.
 template <typename F>
 static void gear_launch(gear_dim3 grid, gear_dim3 block, F body) {
