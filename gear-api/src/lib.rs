@@ -27,20 +27,15 @@
 //! ```
 //!
 //! Architecture invariant: gear-api is the only crate that composes
-//! backends and strategies; no workspace crate depends on it except the
-//! `gear` binary, examples and tests.
+//! backends and strategies; no workspace crate depends on it except
+//! `gear-cli` (the `gear` binary), examples and tests.
 
 #![warn(missing_docs)]
 
-pub mod bench;
-pub mod children;
-pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod demo;
 pub mod error;
 pub mod limiter;
-pub mod progress;
 pub mod sampler;
 pub mod table;
 pub mod writer;

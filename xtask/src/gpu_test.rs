@@ -303,7 +303,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let gear = cargo_executables(
         &root,
         "gear-api",
-        &["build", "-p", "gear-api", "--features", "cuda", "--release", "--bin", "gear"],
+        &["build", "-p", "gear-cli", "--features", "cuda", "--release", "--bin", "gear"],
         "bin",
     )?;
     if gear.len() != 1 {

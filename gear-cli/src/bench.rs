@@ -4,9 +4,9 @@
 //! are what to compare).
 
 use crate::children::{print_stats, spawn, GearChild};
-use crate::error::{Error, Result};
 use crate::progress::Progress;
-use crate::{AttachOptions, ReplayTable, SampleConfig, StepValue};
+use gear_api::{AttachOptions, ReplayTable, SampleConfig, StepValue};
+use gear_api::{Error, Result};
 use gear_core::{ColumnSpec, DType, Pad, TableSpec, WindowSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};

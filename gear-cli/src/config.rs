@@ -34,8 +34,8 @@
 //! # queue = 1000                 # instead: a queue of this size
 //! ```
 
-use crate::error::{Error, Result};
-use crate::{PoolConfig, RateLimiterConfig, ReplayTable, TableBuilder};
+use gear_api::{Error, Result};
+use gear_api::{PoolConfig, RateLimiterConfig, ReplayTable, TableBuilder};
 use gear_core::{ColumnSpec, DType, TableSpec};
 use gear_sampler::{StrategyKind, StrategyParams};
 use serde::Deserialize;

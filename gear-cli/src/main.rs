@@ -2,11 +2,17 @@
 //! `gear bench` measures insert and sample throughput against memcpy;
 //! `gear serve` creates a shared table from a config file and keeps it.
 
+mod bench;
+mod children;
+mod config;
+mod demo;
+mod progress;
+
+use crate::bench::{run_bench, run_bench_processes, BenchConfig};
+use crate::config::TableConfig;
+use crate::demo::{run_demo, DemoConfig};
+use crate::progress::Progress;
 use clap::{Parser, Subcommand};
-use gear_api::bench::{run_bench, run_bench_processes, BenchConfig};
-use gear_api::config::TableConfig;
-use gear_api::demo::{run_demo, DemoConfig};
-use gear_api::progress::Progress;
 use gear_api::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,7 +72,7 @@ enum Command {
     /// Creates the shared table a TOML config describes and serves it until
     /// interrupted: reclaims dead writers' slots and prints its counters.
     Serve {
-        /// The table config (see `gear_api::config`).
+        /// The table config (see `gear-cli/src/config.rs`).
         #[arg(long)]
         config: PathBuf,
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
@@ -236,12 +242,12 @@ fn main() -> ExitCode {
             })
         }
         Command::Serve { config, seconds } => serve(&config, seconds),
-        Command::DemoActor { table, id, seconds, seed } => gear_api::demo::actor_process(&table, id, seconds, seed),
+        Command::DemoActor { table, id, seconds, seed } => crate::demo::actor_process(&table, id, seconds, seed),
         Command::DemoTrainer { table, seconds, batch, window } => {
-            gear_api::demo::trainer_process(&table, seconds, batch, window)
+            crate::demo::trainer_process(&table, seconds, batch, window)
         }
         Command::BenchWriter { table, steps, step_bytes, count, insert_batch, start_at_ns } => {
-            gear_api::bench::writer_process(&table, count, steps, step_bytes, insert_batch, start_at_ns)
+            crate::bench::writer_process(&table, count, steps, step_bytes, insert_batch, start_at_ns)
         }
         Command::BenchSampler {
             table,
@@ -254,7 +260,7 @@ fn main() -> ExitCode {
             start_at_ns,
         } => {
             let config = BenchConfig { batch, window_offset, window_len, random_offsets, ..BenchConfig::default() };
-            gear_api::bench::sampler_process(&table, batches, &config, until_inserts, start_at_ns)
+            crate::bench::sampler_process(&table, batches, &config, until_inserts, start_at_ns)
         }
     };
     match result {
@@ -329,7 +335,7 @@ fn cuda_bench(c: &BenchConfig, json: bool) -> ExitCode {
         ..Default::default()
     };
     let report = gear_cuda::bench::run_bench(&params).map_err(gear_api::Error::from).and_then(|r| {
-        let e2e = gear_api::bench::run_cuda_sample_bench(c, &[(1, 0), (2, 0), (2, c.capacity as usize)])?;
+        let e2e = crate::bench::run_cuda_sample_bench(c, &[(1, 0), (2, 0), (2, c.capacity as usize)])?;
         Ok((r, e2e))
     });
     match report {

@@ -2,7 +2,7 @@
 //! writers) on one shared table, and collecting the one stats line each
 //! prints when it ends.
 
-use crate::error::{Error, Result};
+use gear_api::{Error, Result};
 use serde::{de::DeserializeOwned, Serialize};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -6,9 +6,9 @@
 //! actors and trainer as threads of one process.
 
 use crate::children::{print_stats, spawn, GearChild};
-use crate::error::{Error, Result};
 use crate::progress::Progress;
-use crate::{AttachOptions, RateLimiterConfig, ReplayTable, SampleConfig, StepValue};
+use gear_api::{AttachOptions, RateLimiterConfig, ReplayTable, SampleConfig, StepValue};
+use gear_api::{Error, Result};
 use gear_core::{ColumnSpec, DType, RandomSource, TableSpec, WindowSpec, Xoshiro256};
 use gear_sampler::{sequence_priority, StrategyKind, StrategyParams};
 use serde::{Deserialize, Serialize};
