@@ -167,7 +167,7 @@ impl Trajectories {
 
     /// Inserts `count` trajectories (priorities cycling through 1..=7);
     /// `tick` hears how many are in after each call.
-    fn insert(&self, writer: &crate::Writer, count: u64, mut tick: impl FnMut(u64)) -> Result<()> {
+    fn insert(&self, writer: &gear_api::Writer, count: u64, mut tick: impl FnMut(u64)) -> Result<()> {
         let mut done = 0;
         while done < count {
             if self.batch == 1 {
@@ -311,14 +311,10 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     let gathered = info.bytes_gathered - before;
 
     progress.phase("memcpy and random-read references", 2);
-    let data_bytes = table.shared.region.layout().total_bytes() as usize;
+    let data_bytes = table.spec().data_bytes() as usize;
     let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, c.inserts * traj_bytes, 1);
     progress.tick(1);
-    let random_lines = random_line_reference(
-        table.shared.region.region_layout().total_bytes,
-        RANDOM_REFERENCE_READS,
-        c.sampler_threads as usize,
-    );
+    let random_lines = random_line_reference(table.region_bytes(), RANDOM_REFERENCE_READS, c.sampler_threads as usize);
     progress.done();
 
     let insert_gb = (c.inserts * traj_bytes) as f64 / insert_s / 1e9;
@@ -352,7 +348,7 @@ fn sample_on_threads(table: &ReplayTable, c: &BenchConfig, progress: &mut Progre
     let mut samplers = (0..threads).map(|_| table.sampler(sample_config(c)?)).collect::<Result<Vec<_>>>()?;
     let share = |i: u64| c.batches / threads + u64::from(i < c.batches % threads);
     // Samples `batches` batches, calling `tick` with the count done by all.
-    let run = |sampler: &mut crate::Sampler, batches: u64, tick: &mut dyn FnMut(u64)| -> Result<()> {
+    let run = |sampler: &mut gear_api::Sampler, batches: u64, tick: &mut dyn FnMut(u64)| -> Result<()> {
         for _ in 0..batches {
             std::hint::black_box(sampler.sample()?);
             tick(done.fetch_add(1, Ordering::Relaxed) + 1);
@@ -486,14 +482,13 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
     let info = table.info()?;
 
     progress.phase("memcpy and random-read references", 3);
-    let data_bytes = table.shared.region.layout().total_bytes() as usize;
+    let data_bytes = table.spec().data_bytes() as usize;
     let total = writer_stats.iter().map(|w| w.bytes).sum::<u64>();
     let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, total, 1);
     progress.tick(1);
     let memcpy_2t = memcpy_reference(traj_bytes as usize, data_bytes, total, 2);
     progress.tick(2);
-    let random_lines =
-        random_line_reference(table.shared.region.region_layout().total_bytes, RANDOM_REFERENCE_READS, 1);
+    let random_lines = random_line_reference(table.region_bytes(), RANDOM_REFERENCE_READS, 1);
     progress.done();
 
     // Aggregate over the span from the first writer's start to the last
@@ -570,12 +565,12 @@ pub fn sampler_process(
     let c = BenchConfig { steps: t.spec().max_len(), ..config.clone() };
     let mut sampler = t.sampler(sample_config(&c)?)?;
     let step_bytes = t.spec().step_bytes();
-    let inserts = &t.shared.region.control().inserts;
+
     wait_for_start(start_at_ns);
     let (mut rows, mut bytes) = (0u64, 0u64);
     let start = Instant::now();
     let mut done = 0;
-    while done < batches || inserts.load(Ordering::Relaxed) < until_inserts {
+    while done < batches || t.inserts() < until_inserts {
         done += 1;
         let b = sampler.sample()?;
         rows += b.rows() as u64;
@@ -585,7 +580,7 @@ pub fn sampler_process(
     Ok(())
 }
 
-/// End-to-end figures of [`crate::CudaSampler::sample`]: selection, the
+/// End-to-end figures of [`gear_api::CudaSampler::sample`]: selection, the
 /// gather from the table in `/dev/shm` (registered for the device) and
 /// validation, for `gear bench --backend cuda`.
 #[cfg(feature = "cuda")]
@@ -611,7 +606,7 @@ pub struct CudaSampleReport {
 }
 
 /// Fills a `/dev/shm` table with `min(capacity, inserts)` trajectories and
-/// times `c.batches` calls of [`crate::CudaSampler::sample`] after a few
+/// times `c.batches` calls of [`gear_api::CudaSampler::sample`] after a few
 /// untimed ones, for each `(ring, cache entries)` in `variants` (ring 1:
 /// each call gathers its own batch; 2: the next batch is gathered in the
 /// background; cache entries: trajectories admitted to device memory after
@@ -631,7 +626,7 @@ pub fn run_cuda_sample_bench(c: &BenchConfig, variants: &[(usize, usize)]) -> Re
     data.insert(&table.writer(), c.capacity.min(c.inserts).max(1), |_| {})?;
     let mut reports = Vec::new();
     for &(ring, cache_entries) in variants {
-        let mut options = crate::CudaSamplerOptions::default().ring(ring);
+        let mut options = gear_api::CudaSamplerOptions::default().ring(ring);
         if cache_entries > 0 {
             options = options.cache(cache_entries, 1);
         }

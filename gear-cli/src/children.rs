@@ -35,11 +35,6 @@ pub fn spawn(role: &str, args: &[String]) -> Result<GearChild> {
 }
 
 impl GearChild {
-    /// The child's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Waits for the child and parses its stats line.
     pub fn finish<T: DeserializeOwned>(mut self) -> Result<T> {
         let out = self.child.stdout.take().expect("stdout is piped");

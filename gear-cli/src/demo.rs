@@ -277,7 +277,7 @@ pub fn run_demo(c: &DemoConfig, progress: &mut Progress) -> Result<DemoSummary> 
         c.max_len,
         table.spec().step_bytes(),
         table.spec().data_bytes() as f64 / 1e6,
-        table.shared.region.region().kind().name(),
+        table.memory_kind().name(),
     ));
     let start = Instant::now();
     let deadline = start + c.duration;
@@ -373,7 +373,7 @@ pub fn trainer_process(table: &str, seconds: f64, batch: usize, window: u64) -> 
 /// Checks that each row's steps are consecutive steps of one episode (the
 /// actions count up, the first frame byte carries the step) and that the
 /// padding is zero. Returns the rows checked.
-fn check_rows(batch: &crate::SampledBatch, window: u64) -> Result<u64> {
+fn check_rows(batch: &gear_api::SampledBatch, window: u64) -> Result<u64> {
     let actions: &[i32] = batch.column("action")?.as_slice()?;
     let obs = batch.column("obs")?.bytes;
     let w = window as usize;

@@ -166,6 +166,24 @@ impl ReplayTable {
         self.shared.region.control().policy[policy::SEED].load(Ordering::Relaxed)
     }
 
+    /// Where the table's bytes live (host, shared or pinned memory).
+    pub fn memory_kind(&self) -> gear_core::MemoryKind {
+        self.shared.region.region().kind()
+    }
+
+    /// Bytes of the whole region: header, control block, slot records and
+    /// trajectory data (`spec().data_bytes()` is the data alone).
+    pub fn region_bytes(&self) -> u64 {
+        self.shared.region.region_layout().total_bytes
+    }
+
+    /// Trajectories committed since creation, read without the lock (a
+    /// cheap progress counter; [`ReplayTable::info`] gives a consistent
+    /// snapshot of every counter).
+    pub fn inserts(&self) -> u64 {
+        self.shared.region.control().inserts.load(Ordering::Relaxed)
+    }
+
     /// The memory region's name, for shared tables.
     pub fn name(&self) -> Option<&str> {
         self.shared.region.region().name()
