@@ -302,7 +302,7 @@ pub fn run(args: &[String]) -> Result<()> {
     )?;
     let gear = cargo_executables(
         &root,
-        "gear-api",
+        "gear-cli",
         &["build", "-p", "gear-cli", "--features", "cuda", "--release", "--bin", "gear"],
         "bin",
     )?;
