@@ -356,17 +356,8 @@ impl<'a> ColumnBatch<'a> {
                 )));
             }
         }
-        let (head, body, tail) = {
-            // SAFETY: `T: Element` is a primitive for which every bit pattern
-            // of its size is a valid value, except `bool`, whose bytes were
-            // checked to be 0 or 1 above; align_to only yields a correctly
-            // aligned middle part.
-            unsafe { self.bytes.align_to::<T>() }
-        };
-        if !head.is_empty() || !tail.is_empty() {
-            return Err(Error::Config(format!("column `{}` buffer is not aligned for {}", self.name, T::DTYPE)));
-        }
-        Ok(body)
+        gear_core::from_bytes(self.bytes)
+            .ok_or_else(|| Error::Config(format!("column `{}` buffer is not aligned for {}", self.name, T::DTYPE)))
     }
 }
 
