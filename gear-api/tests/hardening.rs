@@ -100,6 +100,17 @@ fn child_entry() {
             println!("ready {}", std::process::id());
             std::thread::sleep(Duration::from_secs(120));
         }
+        // Attaches and inserts batches of one-step trajectories until killed.
+        "batch-writer" => {
+            let table = ReplayTable::attach(&name, AttachOptions::default()).unwrap();
+            let n = table.spec().capacity() as usize;
+            let (obs, act, rew) = (vec![1u8; n * 6], vec![2i32; n], vec![0.5f32; n * 2]);
+            let columns = [StepValue::typed(&obs), StepValue::typed(&act), StepValue::typed(&rew)];
+            println!("ready {}", std::process::id());
+            loop {
+                table.writer().insert_batch(n, 1, &columns, None).unwrap();
+            }
+        }
         // Attaches and sleeps: a live process with a lease.
         "idle" => {
             let _table = ReplayTable::attach(&name, AttachOptions::default()).unwrap();
@@ -551,4 +562,26 @@ fn a_bad_free_list_entry_and_a_nan_limiter_setting_are_caught() {
     poke(&name, rl.control_offset + std::mem::offset_of!(ControlBlock, policy) as u64, &f64::NAN.to_le_bytes());
     let out = run_within(child("sample", &name, 0), Duration::from_secs(20));
     assert!(out.contains("attach: shared table is corrupted") && out.contains("samples_per_insert"), "{out}");
+}
+
+#[test]
+fn writers_killed_inside_insert_batch_leave_no_slot_behind() {
+    let name = unique("batchkill");
+    let spec = common::spec3(1, 4096);
+    let table = ReplayTable::builder(spec.clone()).shared_memory(&name).build().unwrap();
+    let mut rng = 0x1234_5678_u64;
+    for round in 0..6 {
+        let mut c = child("batch-writer", &name, 0).spawn().unwrap();
+        wait_ready(&mut c);
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(5 + rng % 120));
+        kill(&mut c);
+        table.reclaim_dead().unwrap();
+        let info = table.info().unwrap();
+        assert_eq!(info.slots.writing, 0, "round {round}: slots left being written: {info:?}");
+        assert_eq!(info.slots.free + info.slots.committed, spec.capacity(), "round {round}: {info:?}");
+        assert_eq!(info.size, info.slots.committed, "round {round}: {info:?}");
+    }
 }
