@@ -2,11 +2,14 @@
 //! place a table can live that the enabled features select. A new backend
 //! proves itself by adding a [`Backend`] variant and passing this file.
 //!
-//! Backends here: the process-private host pool and a shared-memory table
-//! in `/dev/shm` (with the `cpu` feature, always on). Each test builds its
-//! table through [`Backend::build`] and samples through
-//! [`Backend::sample`], which returns the batch as host bytes whatever
-//! memory the backend gathers into.
+//! Backends here: the process-private host pool, a shared-memory table in
+//! `/dev/shm`, and, with the `cuda` feature and a GPU, the CUDA sampler
+//! gathering zero-copy from a shared table into device memory (skipped
+//! with a printed reason where no GPU is usable, a failure under
+//! `GEAR_REQUIRE_GPU=1`; `cargo xtask gpu-test` packs this suite for GPU
+//! machines). Each test builds its table through [`Backend::build`] and
+//! samples through [`Backend::sample`], which returns the batch as host
+//! bytes whatever memory the backend gathers into.
 
 use gear_api::{Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableBuilder};
 use gear_core::{ColumnSpec, DType, Pad, SlotKey, TableSpec, WindowSpec};
@@ -20,9 +23,25 @@ enum Backend {
     Host,
     /// Named shared memory in `/dev/shm`.
     Shared,
+    /// A shared table sampled by the CUDA sampler into device memory.
+    #[cfg(feature = "cuda")]
+    Cuda,
 }
 
-const BACKENDS: [Backend; 2] = [Backend::Host, Backend::Shared];
+/// The backends the features select and the machine can run.
+fn backends() -> Vec<Backend> {
+    #[allow(unused_mut)]
+    let mut all = vec![Backend::Host, Backend::Shared];
+    #[cfg(feature = "cuda")]
+    match gear_cuda::CudaDevice::new(0) {
+        Ok(_) => all.push(Backend::Cuda),
+        Err(e) if std::env::var("GEAR_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("GEAR_REQUIRE_GPU=1 but the CUDA backend is unavailable: {e}")
+        }
+        Err(e) => eprintln!("backend Cuda skipped: {e}"),
+    }
+    all
+}
 
 /// A sampled batch as host bytes: per requested column, `[rows, window,
 /// *shape]`; and per row, key, length, probability and weight.
@@ -38,6 +57,8 @@ impl Backend {
     fn build(self, builder: TableBuilder) -> ReplayTable {
         let builder = match self {
             Backend::Host => builder,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => return Backend::Shared.build(builder),
             Backend::Shared => {
                 static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                 let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -48,6 +69,26 @@ impl Backend {
     }
 
     fn sample(self, table: &ReplayTable, config: SampleConfig, batches: usize) -> Vec<HostBatch> {
+        #[cfg(feature = "cuda")]
+        if let Backend::Cuda = self {
+            // A ring of one: no batch is drawn ahead, so deterministic
+            // strategies see exactly the draws the other backends see.
+            let options = gear_api::CudaSamplerOptions::default().ring(1);
+            let mut sampler = table.cuda_sampler(config, options).unwrap();
+            return (0..batches)
+                .map(|_| {
+                    let b = sampler.sample().unwrap();
+                    b.synchronize().unwrap();
+                    HostBatch {
+                        columns: (0..b.columns()).map(|i| b.column_to_host(i).unwrap()).collect(),
+                        keys: b.keys().to_vec(),
+                        lengths: b.lengths().to_vec(),
+                        probabilities: b.probabilities().to_vec(),
+                        weights: b.weights().to_vec(),
+                    }
+                })
+                .collect();
+        }
         let mut sampler = table.sampler(config).unwrap();
         (0..batches)
             .map(|_| {
@@ -66,7 +107,7 @@ impl Backend {
 
 /// Runs `test` against every backend, naming the backend on failure.
 fn each(test: impl Fn(Backend)) {
-    for b in BACKENDS {
+    for b in backends() {
         eprintln!("backend {b:?}");
         test(b);
     }

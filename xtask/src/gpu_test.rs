@@ -1,6 +1,8 @@
 //! `cargo xtask gpu-test`: builds gear-cuda's test, bench and example
 //! binaries, gear-api's CUDA sampler test (`gear-api/tests/cuda.rs`,
-//! feature `cuda`, packed as `gear_api_cuda`) and the `gear` binary with the
+//! feature `cuda`, packed as `gear_api_cuda`), the conformance suite of the
+//! `tests` crate with the CUDA sampler among its backends (`tests_conformance`)
+//! and the `gear` binary with the
 //! `cuda` feature, strips them, and puts them into a self-contained folder
 //! (default `target/gpu-test/`) with a `run.sh` that runs them on a GPU
 //! machine that has no cargo; it runs it here when this machine has a GPU.
@@ -293,6 +295,14 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("cargo reported no executable for gear-api's cuda test");
     }
     tests.extend(api.into_iter().map(|a| Artifact { name: format!("gear_api_{}", a.name), ..a }));
+    // The conformance suite, with the CUDA sampler as one of its backends.
+    let conformance_args =
+        ["test", "-p", "tests", "--features", "cuda", "--release", "--test", "conformance", "--no-run"];
+    let conformance = cargo_executables(&root, "tests", &conformance_args, "test")?;
+    if conformance.is_empty() {
+        bail!("cargo reported no executable for the conformance suite");
+    }
+    tests.extend(conformance.into_iter().map(|a| Artifact { name: format!("tests_{}", a.name), ..a }));
     let bench = cargo_executables(&root, "gear-cuda", &["bench", "-p", "gear-cuda", "--no-run"], "bench")?;
     let examples = cargo_executables(
         &root,
