@@ -6,6 +6,9 @@
 //!   ratio's range over the runs, to stdout and `target/bench.md`.
 //!   `--quick` cuts every workload to a few hundred inserts: a smoke run
 //!   whose figures (the memcpy reference above all) mean little.
+//! * `compare [--runs N]`: `gear bench` beside cpprb on the same workloads
+//!   (a virtual environment of its own), medians and ratios from one run,
+//!   a table and an SVG chart (`compare.rs`).
 //! * `soak [--seconds N]`: the multi-process stress test (4 writer and 2
 //!   sampler processes on one shared table, every sampled row checked) for N
 //!   seconds instead of the test suite's few, then the corrupted-table fuzz
@@ -14,6 +17,7 @@
 //!   gear-cuda's test and bench binaries into a folder a GPU machine without
 //!   cargo can run (`run.sh`), and runs it when a GPU is present.
 
+mod compare;
 mod gpu_test;
 
 use anyhow::{bail, Context, Result};
@@ -26,10 +30,11 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("gpu-test") => gpu_test::run(&args[1..]),
         Some("soak") => soak(&args[1..]),
+        Some("compare") => compare::run(&args[1..]),
         Some("help") | Some("--help") | None => {
             println!(
                 "cargo xtask <command>\n\ncommands:\n  bench [--quick] [--runs N]   run gear bench over the standard workloads \
-                 (medians of N runs, default 3), write target/bench.md\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked, then the corrupted-table fuzz\n  {}",
+                 (medians of N runs, default 3), write target/bench.md\n  compare [--runs N]  gear bench beside cpprb on the same workloads (own venv), writes target/compare.md and .svg\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked, then the corrupted-table fuzz\n  {}",
                 gpu_test::USAGE
             );
             Ok(())
