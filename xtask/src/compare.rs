@@ -189,7 +189,7 @@ fn chart(rows: &[Row]) -> String {
     let h = top + row_h * rows.len() as f64 + 40.0;
     let max = rows.iter().flat_map(|r| [r.insert_ratio, r.sample_ratio]).fold(2.0f64, f64::max).log10().ceil();
     let min = rows.iter().flat_map(|r| [r.insert_ratio, r.sample_ratio]).fold(0.5f64, f64::min).log10().floor();
-    let x = |v: f64| left + (v.log10() - min) / (max - min) * (w - left - 20.0);
+    let x = |v: f64| left + (v.log10() - min) / (max - min) * (w - left - 100.0);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
