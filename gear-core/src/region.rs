@@ -276,7 +276,7 @@ impl<R: MemoryRegion> TableRegion<R> {
     }
 
     /// The shared free list (its first `control().free_len` entries are in
-    /// use; guarded by the control block's mutex).
+    /// use; guarded by the table lock).
     pub fn free_list(&self) -> &[AtomicU32] {
         // SAFETY: `capacity` u32 words inside the region, 4-byte aligned;
         // any bit pattern is a valid AtomicU32.
@@ -288,7 +288,7 @@ impl<R: MemoryRegion> TableRegion<R> {
         }
     }
 
-    /// The change log ring (guarded by the control block's mutex).
+    /// The change log ring (guarded by the table lock).
     pub fn log(&self) -> &[LogEntry] {
         // SAFETY: log_entries entries inside the region, 64-byte aligned;
         // any bit pattern is a valid LogEntry (atomics only).

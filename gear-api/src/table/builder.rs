@@ -81,7 +81,7 @@ impl TableBuilder {
     }
 
     /// A strategy of your own for sampling. Processes that attach must pass
-    /// an equivalent one ([`AttachOptions::sampler`]).
+    /// an equivalent one ([`AttachOptions::sampler`](crate::AttachOptions::sampler)).
     pub fn sampler(mut self, selector: impl Selector + 'static) -> Self {
         self.sampler = StrategyChoice::Custom(Box::new(selector));
         self

@@ -1,16 +1,17 @@
-//! The replay table: a [`TableRegion`] in a memory pool, the selection
+//! The replay table: a [`TableRegion`](gear_core::TableRegion) in a memory pool, the selection
 //! strategies, the rate limiter, and the protocol that ties them together,
 //! for threads of one process and for processes attached by name alike.
 //!
 //! Shared state lives in the region: slot records (gear-core's seqlock
 //! protocol), and the control block with the free list, the rate limiter's
 //! counters and a change log (`gear_core::control`). One robust
-//! process-shared mutex guards the control block; it is held for metadata
+//! process-shared lock (`gear_cpu::sync::TableLock`, taken with deadlines)
+//! guards the control block; it is held for metadata
 //! only, never while trajectory bytes are copied. Selection strategies are
 //! process-local mirrors kept in step through the change log, so any
 //! process can select, insert and update priorities. A mirror sits behind a
 //! reader-writer lock: random strategies are drawn from under the read lock
-//! once the mutex has admitted and counted the batch, so sampler threads of
+//! once the lock has admitted and counted the batch, so sampler threads of
 //! one process draw at the same time.
 //!
 //! Failure handling: every process holds a lease on the table
@@ -233,7 +234,7 @@ impl ReplayTable {
     }
 
     /// Closes the table for every process: blocked writers and samplers
-    /// wake with [`Error::Closed`], later waits fail at once. Data stays
+    /// wake with [`Error::Closed`](crate::Error::Closed), later waits fail at once. Data stays
     /// readable.
     pub fn close(&self) {
         let ctl = self.shared.region.control();

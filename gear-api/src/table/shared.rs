@@ -65,7 +65,7 @@ pub(crate) struct Shared {
     /// (the policy words are written once by the creator; later changes to
     /// them are corruption and are not read).
     pub(super) limiter_config: RateLimiterConfig,
-    /// Written only under `mutex`; read without it by samplers drawing
+    /// Written only under the table lock; read without it by samplers drawing
     /// through [`Selector::sample_shared`].
     pub(super) local: RwLock<Local>,
     /// Whether the sampler draws through a shared reference.
@@ -273,7 +273,7 @@ impl Shared {
         self.limiter().can_sample(self.ctl().size.load(Ordering::Relaxed), n)
     }
 
-    /// Tells waiters something changed (call holding the mutex).
+    /// Tells waiters something changed (call holding the table lock).
     pub(super) fn wake(&self) {
         if self.ctl().bump_epoch() {
             futex_wake_all(&self.ctl().epoch);
@@ -309,7 +309,7 @@ pub(super) fn sub(a: &AtomicU64, v: u64) {
 }
 
 impl<'a> Locked<'a> {
-    /// Keeps the mutex and turns the write lock on the mirrors into a read
+    /// Keeps the table lock and turns the write lock on the mirrors into a read
     /// lock, letting this process's other threads draw.
     pub(super) fn downgrade(self) -> (TableLockGuard<'a>, RwLockReadGuard<'a, Local>) {
         (self.guard, RwLockWriteGuard::downgrade(self.local))
