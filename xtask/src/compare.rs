@@ -11,55 +11,21 @@ use anyhow::{bail, Context, Result};
 use std::process::Command;
 
 /// (name, gear bench arguments, peer, peer workload)
-const WORKLOADS: &[(&str, &[&str], &str, &str)] = &[
-    ("trajectories 513 KiB, uniform, 50 batches", &["--batches", "50"], "cpprb-uniform", "trajectories-short"),
-    ("trajectories 513 KiB, uniform, 400 batches", &[], "cpprb-uniform", "trajectories"),
-    (
-        "trajectories 513 KiB, prioritized, 400 batches",
-        &["--sampler", "prioritized"],
-        "cpprb-prioritized",
-        "trajectories",
-    ),
-    ("transitions 64 B, uniform", SMALL_UNIFORM, "cpprb-uniform", "transitions"),
-    ("transitions 64 B, prioritized", SMALL_PRIORITIZED, "cpprb-prioritized", "transitions"),
-];
-
-const SMALL_UNIFORM: &[&str] = &[
-    "--steps",
-    "1",
-    "--step-bytes",
-    "56",
-    "--capacity",
-    "1000000",
-    "--inserts",
-    "1000000",
-    "--insert-batch",
-    "256",
-    "--batch",
-    "256",
-    "--batches",
-    "20000",
-    "--sampler",
-    "uniform",
-];
-const SMALL_PRIORITIZED: &[&str] = &[
-    "--steps",
-    "1",
-    "--step-bytes",
-    "56",
-    "--capacity",
-    "1000000",
-    "--inserts",
-    "1000000",
-    "--insert-batch",
-    "256",
-    "--batch",
-    "256",
-    "--batches",
-    "20000",
-    "--sampler",
-    "prioritized",
-];
+fn workloads() -> Vec<(&'static str, Vec<&'static str>, &'static str, &'static str)> {
+    let small = |sampler| [super::SMALL_ITEMS, &["--inserts", "1000000", "--sampler", sampler]].concat();
+    vec![
+        ("trajectories 513 KiB, uniform, 50 batches", vec!["--batches", "50"], "cpprb-uniform", "trajectories-short"),
+        ("trajectories 513 KiB, uniform, 400 batches", vec![], "cpprb-uniform", "trajectories"),
+        (
+            "trajectories 513 KiB, prioritized, 400 batches",
+            vec!["--sampler", "prioritized"],
+            "cpprb-prioritized",
+            "trajectories",
+        ),
+        ("transitions 64 B, uniform", small("uniform"), "cpprb-uniform", "transitions"),
+        ("transitions 64 B, prioritized", small("prioritized"), "cpprb-prioritized", "transitions"),
+    ]
+}
 
 /// One workload's medians.
 struct Row {
@@ -95,12 +61,12 @@ pub fn run(args: &[String]) -> Result<()> {
     let gear = root.join("target/release/gear");
     let script = root.join("xtask/compare/peers.py");
     let mut rows = Vec::new();
-    for &(name, gear_args, peer, peer_workload) in WORKLOADS {
+    for (name, gear_args, peer, peer_workload) in workloads() {
         let (mut gi, mut pi, mut gs, mut ps, mut ir, mut sr, mut gm) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         for run in 1..=runs {
             eprintln!("xtask compare: {name} ({run}/{runs})");
-            let g = json_of(Command::new(&gear).args(["bench", "--json"]).args(gear_args), "gear bench")?;
+            let g = json_of(Command::new(&gear).args(["bench", "--json"]).args(&gear_args), "gear bench")?;
             let p = json_of(Command::new(&python).arg(&script).args([peer, peer_workload]), "peers.py")?;
             if let Some(e) = p["error"].as_str() {
                 bail!("{peer}: {e}");

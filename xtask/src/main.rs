@@ -47,6 +47,25 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// `gear bench` arguments of the small-item workloads: one-step
+/// trajectories of 64 bytes (56 B obs + i32 + f32), a million slots,
+/// inserted 256 per call and sampled 256 a batch. Callers add `--inserts`
+/// and `--sampler`.
+const SMALL_ITEMS: &[&str] = &[
+    "--steps",
+    "1",
+    "--step-bytes",
+    "56",
+    "--capacity",
+    "1000000",
+    "--insert-batch",
+    "256",
+    "--batch",
+    "256",
+    "--batches",
+    "20000",
+];
+
 /// (name, gear bench arguments)
 fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
     let scale: &[&str] = if quick { &["--inserts", "512", "--batches", "50"] } else { &[] };
@@ -74,24 +93,7 @@ fn workloads(quick: bool) -> Vec<(&'static str, Vec<&'static str>)> {
         ),
         (
             "small items (64 B), prioritized",
-            vec![
-                "--steps",
-                "1",
-                "--step-bytes",
-                "56",
-                "--capacity",
-                "1000000",
-                "--inserts",
-                "2000000",
-                "--batch",
-                "256",
-                "--batches",
-                "20000",
-                "--sampler",
-                "prioritized",
-                "--insert-batch",
-                "256",
-            ],
+            [SMALL_ITEMS, &["--inserts", "2000000", "--sampler", "prioritized"]].concat(),
         ),
         // 16384 inserts (8.6 GB) keep the timed span near a second.
         ("2 writer processes + 1 sampler", vec!["--writers", "2", "--inserts", "16384"]),
