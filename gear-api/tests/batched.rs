@@ -3,7 +3,7 @@
 //! `Sampler::sample_into` (batches straight into caller-owned buffers).
 
 use gear_api::{Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableInfo};
-use gear_core::{Pad, Selector, SlotKey, TableSpec, WindowSpec};
+use gear_core::{Pad, SlotKey, TableSpec, WindowSpec};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -206,45 +206,9 @@ fn the_rate_limiter_admits_what_it_can_and_a_timeout_keeps_what_was_committed() 
     assert_eq!(table.info().unwrap().inserts, 19);
 }
 
-/// Uniform selection that refuses items of priority 13 (as a downstream
-/// strategy might refuse what it cannot hold).
-struct RefusesThirteen(gear_sampler::Uniform);
-
-impl Selector for RefusesThirteen {
-    fn name(&self) -> &str {
-        "refuses-thirteen"
-    }
-    fn prepare(&mut self, capacity: u64) -> gear_core::Result<()> {
-        self.0.prepare(capacity)
-    }
-    fn insert(&mut self, key: SlotKey, priority: Option<f64>) -> gear_core::Result<f64> {
-        if priority == Some(13.0) {
-            return Err(gear_core::Error::Selection("priority 13 refused".into()));
-        }
-        self.0.insert(key, priority)
-    }
-    fn update(&mut self, key: SlotKey, priority: f64) -> gear_core::Result<()> {
-        self.0.update(key, priority)
-    }
-    fn remove(&mut self, key: SlotKey) -> gear_core::Result<()> {
-        self.0.remove(key)
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn sample(
-        &mut self,
-        n: usize,
-        rng: &mut dyn gear_core::RandomSource,
-        out: &mut Vec<gear_core::Sampled>,
-    ) -> gear_core::Result<()> {
-        self.0.sample(n, rng, out)
-    }
-}
-
 #[test]
 fn a_refused_commit_stops_the_batch_and_leaks_no_slot() {
-    let table = ReplayTable::builder(spec(8)).sampler(RefusesThirteen(gear_sampler::Uniform::new())).build().unwrap();
+    let table = ReplayTable::builder(spec(8)).sampler(refuses_thirteen()).build().unwrap();
     let batch = Batch::new(0..5, 1);
     let e = table.writer().insert_batch(5, 1, &batch.values(), Some(&[1.0, 2.0, 13.0, 4.0, 5.0])).unwrap_err();
     assert!(e.to_string().contains("priority 13 refused"), "{e}");
@@ -308,4 +272,10 @@ fn sample_into_refuses_bad_buffers_before_drawing() {
     let distinct = out.keys().iter().collect::<std::collections::HashSet<_>>().len() as u64;
     let info = table.info().unwrap();
     assert_eq!((info.samples, info.retired), (2, distinct), "a good call draws and retires as sample() does");
+}
+
+/// Uniform selection that refuses items of priority 13 (as a downstream
+/// strategy might refuse what it cannot hold).
+fn refuses_thirteen() -> common::HookedUniform {
+    common::HookedUniform { refuse: |p| p == Some(13.0), ..common::HookedUniform::new("refuses-thirteen") }
 }

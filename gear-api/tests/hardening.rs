@@ -9,7 +9,7 @@
 mod common;
 
 use gear_api::{AttachOptions, Error, ReplayTable, SampleConfig, StepValue, TableBuilder};
-use gear_core::{ControlBlock, RandomSource, RegionLayout, Sampled, Selector, SlotKey, TableSpec, WindowSpec};
+use gear_core::{ControlBlock, RegionLayout, SlotKey, TableSpec, WindowSpec};
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::process::{Child, Command, Stdio};
@@ -426,46 +426,15 @@ fn absurd_arguments_are_refused_with_the_reason() {
 }
 
 /// Uniform, except that it returns slots past the table's end.
-struct Broken(gear_sampler::Uniform);
-
-impl Selector for Broken {
-    fn name(&self) -> &str {
-        "broken"
-    }
-    fn prepare(&mut self, capacity: u64) -> gear_core::Result<()> {
-        self.0.prepare(capacity)
-    }
-    fn insert(&mut self, key: SlotKey, priority: Option<f64>) -> gear_core::Result<f64> {
-        self.0.insert(key, priority)
-    }
-    fn update(&mut self, key: SlotKey, priority: f64) -> gear_core::Result<()> {
-        self.0.update(key, priority)
-    }
-    fn remove(&mut self, key: SlotKey) -> gear_core::Result<()> {
-        self.0.remove(key)
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn sample(&mut self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> gear_core::Result<()> {
-        let first = out.len();
-        self.0.sample(n, rng, out)?;
-        for s in &mut out[first..] {
-            s.key.slot += 1_000_000;
-        }
-        Ok(())
-    }
+fn broken() -> common::HookedUniform {
+    common::HookedUniform { tamper: |s| s.key.slot += 1_000_000, ..common::HookedUniform::new("broken") }
 }
 
 #[test]
 fn a_strategy_returning_slots_outside_the_table_is_an_error() {
     for remover in [false, true] {
         let b = ReplayTable::builder(spec());
-        let b: TableBuilder = if remover {
-            b.remover(Broken(gear_sampler::Uniform::new()))
-        } else {
-            b.sampler(Broken(gear_sampler::Uniform::new()))
-        };
+        let b: TableBuilder = if remover { b.remover(broken()) } else { b.sampler(broken()) };
         let table = b.build().unwrap();
         for _ in 0..8 {
             insert(&table, 1);
