@@ -458,6 +458,7 @@ impl HostBatch {
 
 impl Collector for CpuCollector {
     type Batch = HostBatch;
+    type Error = Error;
 
     fn alloc_batch(&self, layout: &BatchLayout) -> Result<HostBatch> {
         HostBatch::new(layout)
@@ -489,6 +490,10 @@ impl Collector for CpuCollector {
         let (mut cols, lengths) = out.parts();
         regather_checked(&bytes, src.layout(), rows, layout, which, &mut cols, lengths);
         Ok(())
+    }
+
+    fn lengths<'b>(&self, out: &'b HostBatch) -> &'b [u64] {
+        out.lengths()
     }
 }
 
