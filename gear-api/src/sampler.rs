@@ -372,6 +372,7 @@ macro_rules! row_metadata {
         }
     };
 }
+#[cfg(feature = "cuda")]
 pub(crate) use row_metadata;
 
 /// One sampled batch: per column a `[rows, window, *shape]` buffer, the
