@@ -311,7 +311,8 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     let data_bytes = table.spec().data_bytes() as usize;
     // Samplers first: they refuse a batch size that cannot work.
     let mut samplers = make_samplers(&table, c)?;
-    let mut reference = GatherReference::new(data_bytes, traj_bytes as usize, c.batch);
+    let layout = samplers[0].layout();
+    let mut reference = GatherReference::new(data_bytes, row_bytes(layout), layout.rows());
     progress.phase("sample (rounds interleaved with a memcpy of the same bytes)", c.batches);
     let (mut sample_s, mut done) = (0.0, 0);
     for round in 0..SAMPLE_ROUNDS {
@@ -409,10 +410,15 @@ fn sample_on_threads(samplers: &mut [gear_api::Sampler], batches: u64, tick: &mu
     })
 }
 
-/// The plain-`memcpy` reference for sampling: the bytes a batch of whole
-/// trajectories copies (`batch` random trajectory-sized chunks of a buffer
-/// the size of the table's data, into one batch-sized buffer reused batch
-/// after batch), with `copy_from_slice` on one thread.
+/// Bytes of one batch row, every requested column together.
+fn row_bytes(layout: &gear_core::BatchLayout) -> usize {
+    (0..layout.columns().len()).map(|i| layout.row_bytes(i) as usize).sum()
+}
+
+/// The plain-`memcpy` reference for sampling: the bytes a batch copies
+/// (`rows` random row-sized chunks, a whole trajectory or a window, of a
+/// buffer the size of the table's data, into one batch-sized buffer reused
+/// batch after batch), with `copy_from_slice` on one thread.
 struct GatherReference {
     source: Vec<u8>,
     batch: Vec<u8>,
@@ -578,8 +584,8 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
     let memcpy_2t = memcpy_reference(traj_bytes as usize, data_bytes, total, 2);
     progress.tick(2);
     let random_lines = random_line_reference(table.region_bytes(), RANDOM_REFERENCE_READS, 1);
-    let mut reference =
-        GatherReference::new(table.spec().data_bytes() as usize, traj_bytes as usize, sample_config(c)?.batch_size);
+    let layout = table.sampler(sample_config(c)?)?.layout().clone();
+    let mut reference = GatherReference::new(table.spec().data_bytes() as usize, row_bytes(&layout), layout.rows());
     reference.copy_batches(c.batches.min(400));
     let sample_memcpy = reference.gb_per_s();
     progress.done();

@@ -37,6 +37,19 @@ fn workloads() -> Vec<Workload> {
         ),
         w("trajectories 513 KiB, uniform, 400 batches", vec![], "trajectories", false),
         w("trajectories 513 KiB, prioritized, 400 batches", vec!["--sampler", "prioritized"], "trajectories", true),
+        w(
+            "windows 32 of 128 steps, random starts, uniform",
+            vec!["--window-len", "32", "--random-offsets"],
+            "windows",
+            false,
+        ),
+        w("2 writer processes + 1 sampler, uniform", vec!["--writers", "2", "--inserts", "16384"], "writers", false),
+        w(
+            "2 writer processes + 1 sampler, prioritized",
+            vec!["--writers", "2", "--inserts", "16384", "--sampler", "prioritized"],
+            "writers",
+            true,
+        ),
         w("transitions 64 B, uniform", small("uniform"), "transitions", false),
         w("transitions 64 B, prioritized", small("prioritized"), "transitions", true),
     ]
