@@ -34,43 +34,15 @@
 //! `cargo xtask gpu-test`; they passed on an H100 on 2026-11-22.
 
 use crate::error::{Error, Result};
-use crate::sampler::{BatchMeta, Draws, RowGather, SampleConfig};
+use crate::sampler::{BatchMeta, Draws, Gather, SampleConfig};
 use crate::table::ReplayTable;
 use gear_core::TableRegion;
-use gear_core::{BatchLayout, DType, GatherRow, MemoryKind, MemoryRegion, SlotKey, TableView};
+use gear_core::{BatchLayout, DType, MemoryKind, MemoryRegion, SlotKey, TableView};
 use gear_cuda::cudarc::driver::{CudaEvent, CudaStream};
 use gear_cuda::{CudaBatch, CudaCollector, CudaDevice, DeviceCache, DeviceMemory, RegisteredRegion};
 use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-
-/// The CUDA collector as a [`RowGather`]: a gather is only queued (the
-/// protocol's `finish` settles it before validating); a regather copies
-/// only the redrawn rows and waits, since validation follows at once.
-struct DeviceRows<'a> {
-    collector: &'a CudaCollector,
-    view: TableView<'a>,
-    batch: &'a mut CudaBatch,
-}
-
-impl RowGather for DeviceRows<'_> {
-    fn gather(&mut self, _: &BatchLayout, rows: &[GatherRow]) -> Result<()> {
-        Ok(self.collector.gather_into(&self.view, rows, self.batch)?)
-    }
-
-    fn regather(&mut self, _: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()> {
-        self.collector.regather_rows(&self.view, rows, which, self.batch)?;
-        Ok(self.batch.synchronize()?)
-    }
-
-    fn settle(&mut self) -> Result<()> {
-        Ok(self.batch.synchronize()?)
-    }
-
-    fn valid_steps(&self) -> u64 {
-        self.batch.lengths().iter().sum()
-    }
-}
 
 #[cfg(feature = "cuda")]
 impl From<gear_cuda::Error> for Error {
@@ -322,10 +294,9 @@ pub struct CudaSampledBatch {
 }
 
 impl CudaSampledBatch {
-    /// Rows in the batch (0 before the first sample).
-    pub fn rows(&self) -> usize {
-        self.meta.keys.len()
-    }
+    // Rows (0 before the first sample), keys, probabilities, weights and
+    // starts, as every batch type has them.
+    crate::sampler::row_metadata!();
 
     /// Number of requested columns.
     pub fn columns(&self) -> usize {
@@ -361,26 +332,6 @@ impl CudaSampledBatch {
     /// Valid steps of each row as `u64` in device memory.
     pub fn lengths_device(&self) -> &DeviceMemory {
         self.device.lengths_device()
-    }
-
-    /// The key of each row (for priority updates).
-    pub fn keys(&self) -> &[SlotKey] {
-        &self.meta.keys
-    }
-
-    /// The probability each row was drawn with.
-    pub fn probabilities(&self) -> &[f64] {
-        &self.meta.probabilities
-    }
-
-    /// The importance-sampling weight of each row.
-    pub fn weights(&self) -> &[f64] {
-        &self.meta.weights
-    }
-
-    /// For each row, the stored step its first copied step came from.
-    pub fn starts(&self) -> &[u64] {
-        &self.meta.starts
     }
 
     /// The batch layout (columns, rows, window).
@@ -628,7 +579,7 @@ impl CudaSampler {
             self.collector.stream().wait(&released).map_err(cuda)?;
         }
         let view = self.mapping.view();
-        let mut copy = DeviceRows { collector: &self.collector, view, batch: &mut self.ring[i].device };
+        let mut copy = Gather { collector: &self.collector, view, batch: &mut self.ring[i].device };
         self.draws.start(&self.table, &mut copy, timeout)
     }
 
@@ -636,7 +587,7 @@ impl CudaSampler {
     fn finish(&mut self, i: usize) -> Result<()> {
         let view = self.mapping.view();
         let b = &mut self.ring[i];
-        let mut copy = DeviceRows { collector: &self.collector, view, batch: &mut b.device };
+        let mut copy = Gather { collector: &self.collector, view, batch: &mut b.device };
         self.draws.finish(&self.table, &mut copy, &mut b.meta)
     }
 

@@ -79,3 +79,22 @@ impl From<gear_sampler::Error> for Error {
         Error::Config(e.to_string())
     }
 }
+
+impl Error {
+    /// A [`gear_core::Collector`]'s error: gear-core refusals keep their
+    /// variant, a known backend's error converts as its `From` says, and
+    /// anything else is boxed as [`Error::Backend`].
+    pub(crate) fn from_collector<E: std::error::Error + Send + Sync + 'static>(e: E) -> Self {
+        let e: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
+        let e = match e.downcast::<gear_core::Error>() {
+            Ok(core) => return Error::Core(*core),
+            Err(e) => e,
+        };
+        #[cfg(feature = "cuda")]
+        let e = match e.downcast::<gear_cuda::Error>() {
+            Ok(cuda) => return Error::from(*cuda),
+            Err(e) => e,
+        };
+        Error::Backend(e)
+    }
+}

@@ -4,8 +4,8 @@
 use crate::error::{Error, Result};
 use crate::table::{ReplayTable, Selection};
 use gear_core::{
-    BatchLayout, Collector, DType, Element, GatherRow, RandomSource, Sampled, SlotKey, TableSpec, WindowSpec,
-    Xoshiro256,
+    BatchLayout, Collector, DType, Element, GatherRow, RandomSource, Sampled, SlotKey, TableSpec, TableView,
+    WindowSpec, Xoshiro256,
 };
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -107,20 +107,31 @@ impl BatchMeta {
     }
 }
 
-/// How a backend copies the windows of drawn rows into its batch buffers.
-/// Each call returns once the copy has finished reading the table: only
-/// then does a generation check say anything about the bytes read.
-pub(crate) trait RowGather {
-    /// Copies every row.
-    fn gather(&mut self, layout: &BatchLayout, rows: &[GatherRow]) -> Result<()>;
-    /// Copies again the rows listed in `which` (they were redrawn).
-    fn regather(&mut self, layout: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()>;
-    /// Waits for any copy still reading the table (after an error).
-    fn settle(&mut self) -> Result<()> {
-        Ok(())
+/// Where one batch is gathered: a backend's [`Collector`], the view of the
+/// table it reads (host-addressable, or mapped for a device), and the batch
+/// buffers it fills.
+pub(crate) struct Gather<'a, C: Collector> {
+    pub(crate) collector: &'a C,
+    pub(crate) view: TableView<'a>,
+    pub(crate) batch: &'a mut C::Batch,
+}
+
+impl<C: Collector> Gather<'_, C> {
+    fn all(&mut self, layout: &BatchLayout, rows: &[GatherRow]) -> Result<()> {
+        self.collector.gather(&self.view, rows, layout, self.batch).map_err(Error::from_collector)
     }
-    /// Valid steps of all rows together, after a copy.
-    fn valid_steps(&self) -> u64;
+
+    fn again(&mut self, layout: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()> {
+        self.collector.regather(&self.view, rows, layout, which, self.batch).map_err(Error::from_collector)
+    }
+
+    fn settle(&mut self) -> Result<()> {
+        self.collector.settle(self.batch).map_err(Error::from_collector)
+    }
+
+    fn valid_steps(&self) -> u64 {
+        self.collector.lengths(self.batch).iter().sum()
+    }
 }
 
 /// The draw -> copy -> validate -> redraw protocol every sampler follows,
@@ -196,7 +207,12 @@ impl Draws {
     /// while the table is empty or the rate limiter holds samplers back.
     /// Rows whose trajectory was evicted and overwritten during the copy are
     /// redrawn, so a returned batch never mixes two trajectories in a row.
-    pub(crate) fn sample(&mut self, table: &ReplayTable, copy: &mut dyn RowGather, meta: &mut BatchMeta) -> Result<()> {
+    pub(crate) fn sample<C: Collector>(
+        &mut self,
+        table: &ReplayTable,
+        copy: &mut Gather<'_, C>,
+        meta: &mut BatchMeta,
+    ) -> Result<()> {
         let timeout = self.timeout;
         self.start(table, copy, timeout)?;
         self.finish(table, copy, meta)
@@ -207,10 +223,10 @@ impl Draws {
     /// `copy` start gathering it; [`Draws::finish`] must follow, with the
     /// same `copy`, before the next `start`. On an error nothing is left
     /// pending.
-    pub(crate) fn start(
+    pub(crate) fn start<C: Collector>(
         &mut self,
         table: &ReplayTable,
-        copy: &mut dyn RowGather,
+        copy: &mut Gather<'_, C>,
         timeout: Option<Duration>,
     ) -> Result<()> {
         self.draws.clear();
@@ -223,9 +239,14 @@ impl Draws {
     }
 
     /// The second half: validates the rows once `copy` has finished reading
-    /// them (each `RowGather` call returns only then), redraws and regathers
+    /// them (after [`Collector::settle`]), redraws and regathers
     /// torn rows, frees retiring rows and fills `meta`.
-    pub(crate) fn finish(&mut self, table: &ReplayTable, copy: &mut dyn RowGather, meta: &mut BatchMeta) -> Result<()> {
+    pub(crate) fn finish<C: Collector>(
+        &mut self,
+        table: &ReplayTable,
+        copy: &mut Gather<'_, C>,
+        meta: &mut BatchMeta,
+    ) -> Result<()> {
         let result = copy.settle().and_then(|()| self.validate(table, copy));
         if result.is_err() {
             self.settle_and_retire(table, copy);
@@ -250,7 +271,7 @@ impl Draws {
     }
 
     /// After an error: a copy may still be reading rows about to be freed.
-    fn settle_and_retire(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) {
+    fn settle_and_retire<C: Collector>(&mut self, table: &ReplayTable, copy: &mut Gather<'_, C>) {
         if !self.selection.retiring.is_empty() {
             let _ = copy.settle();
         }
@@ -258,10 +279,10 @@ impl Draws {
         self.selection.retiring.clear();
     }
 
-    fn draw_and_start(
+    fn draw_and_start<C: Collector>(
         &mut self,
         table: &ReplayTable,
-        copy: &mut dyn RowGather,
+        copy: &mut Gather<'_, C>,
         timeout: Option<Duration>,
     ) -> Result<()> {
         let n = self.layout.rows();
@@ -275,10 +296,10 @@ impl Draws {
             let row = self.row(s.key, len);
             self.rows.push(row);
         }
-        copy.gather(&self.layout, &self.rows)
+        copy.all(&self.layout, &self.rows)
     }
 
-    fn validate(&mut self, table: &ReplayTable, copy: &mut dyn RowGather) -> Result<()> {
+    fn validate<C: Collector>(&mut self, table: &ReplayTable, copy: &mut Gather<'_, C>) -> Result<()> {
         let n = self.layout.rows();
         let slots = table.shared.region.slots();
         for attempt in 1..=MAX_COPY_ATTEMPTS {
@@ -300,7 +321,7 @@ impl Draws {
                 self.draws[r] = d;
                 self.rows[r] = self.row(d.0.key, d.1);
             }
-            copy.regather(&self.layout, &self.rows, &self.torn)?;
+            copy.again(&self.layout, &self.rows, &self.torn)?;
         }
         Err(Error::Torn { attempts: MAX_COPY_ATTEMPTS })
     }
@@ -317,6 +338,42 @@ impl Draws {
         GatherRow { slot: key.slot, len }
     }
 }
+
+/// The per-row metadata every batch type carries in a `meta: BatchMeta`
+/// field (or a reference to one): rows, keys, probabilities, weights and
+/// window starts, written once for [`SampledBatch`], [`SampledRows`] and the
+/// CUDA sampler's batch.
+macro_rules! row_metadata {
+    () => {
+        /// Rows in the batch.
+        pub fn rows(&self) -> usize {
+            self.meta.keys.len()
+        }
+
+        /// The key of each row (for priority updates).
+        pub fn keys(&self) -> &[gear_core::SlotKey] {
+            &self.meta.keys
+        }
+
+        /// The probability each row was drawn with.
+        pub fn probabilities(&self) -> &[f64] {
+            &self.meta.probabilities
+        }
+
+        /// The importance-sampling weight of each row.
+        pub fn weights(&self) -> &[f64] {
+            &self.meta.weights
+        }
+
+        /// For each row, the stored step its first copied step came from
+        /// (the window's start; 0 for a row with no steps).
+        pub fn starts(&self) -> &[u64] {
+            &self.meta.starts
+        }
+    };
+}
+#[cfg(feature = "cuda")]
+pub(crate) use row_metadata;
 
 /// One sampled batch: per column a `[rows, window, *shape]` buffer, the
 /// valid length of each row, and per row the key, probability and
@@ -362,10 +419,7 @@ impl<'a> ColumnBatch<'a> {
 }
 
 impl SampledBatch {
-    /// Rows in the batch.
-    pub fn rows(&self) -> usize {
-        self.meta.keys.len()
-    }
+    row_metadata!();
 
     /// The column named `name`.
     pub fn column(&self, name: &str) -> Result<ColumnBatch<'_>> {
@@ -383,73 +437,9 @@ impl SampledBatch {
         self.host.lengths()
     }
 
-    /// The key of each row (for priority updates).
-    pub fn keys(&self) -> &[SlotKey] {
-        &self.meta.keys
-    }
-
-    /// The probability each row was drawn with.
-    pub fn probabilities(&self) -> &[f64] {
-        &self.meta.probabilities
-    }
-
-    /// The importance-sampling weight of each row.
-    pub fn weights(&self) -> &[f64] {
-        &self.meta.weights
-    }
-
-    /// For each row, the stored step its first copied step came from (the
-    /// window's start; 0 for a row with no steps).
-    pub fn starts(&self) -> &[u64] {
-        &self.meta.starts
-    }
-
     /// The batch layout (columns, rows, window).
     pub fn layout(&self) -> &BatchLayout {
         self.host.layout()
-    }
-}
-
-/// The CPU collector as a [`RowGather`].
-struct HostRows<'a> {
-    collector: &'a gear_cpu::CpuCollector,
-    view: gear_core::TableView<'a>,
-    batch: &'a mut gear_cpu::HostBatch,
-}
-
-impl RowGather for HostRows<'_> {
-    fn gather(&mut self, layout: &BatchLayout, rows: &[GatherRow]) -> Result<()> {
-        Ok(self.collector.gather(&self.view, rows, layout, self.batch)?)
-    }
-
-    fn regather(&mut self, layout: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()> {
-        Ok(self.collector.regather(&self.view, rows, layout, which, self.batch)?)
-    }
-
-    fn valid_steps(&self) -> u64 {
-        self.batch.lengths().iter().sum()
-    }
-}
-
-/// The CPU collector as a [`RowGather`] into caller-owned buffers.
-struct CallerRows<'a, 'b> {
-    collector: &'a gear_cpu::CpuCollector,
-    view: gear_core::TableView<'a>,
-    columns: &'a mut [&'b mut [u8]],
-    lengths: &'a mut [u64],
-}
-
-impl RowGather for CallerRows<'_, '_> {
-    fn gather(&mut self, layout: &BatchLayout, rows: &[GatherRow]) -> Result<()> {
-        Ok(self.collector.gather_into(&self.view, rows, layout, self.columns, self.lengths)?)
-    }
-
-    fn regather(&mut self, layout: &BatchLayout, rows: &[GatherRow], which: &[usize]) -> Result<()> {
-        Ok(self.collector.regather_into(&self.view, rows, layout, which, self.columns, self.lengths)?)
-    }
-
-    fn valid_steps(&self) -> u64 {
-        self.lengths.iter().sum()
     }
 }
 
@@ -462,34 +452,11 @@ pub struct SampledRows<'a> {
 }
 
 impl<'a> SampledRows<'a> {
-    /// Rows written.
-    pub fn rows(&self) -> usize {
-        self.meta.keys.len()
-    }
+    row_metadata!();
 
     /// Valid steps of each row.
     pub fn lengths(&self) -> &'a [u64] {
         self.lengths
-    }
-
-    /// The key of each row (for priority updates).
-    pub fn keys(&self) -> &'a [SlotKey] {
-        &self.meta.keys
-    }
-
-    /// The probability each row was drawn with.
-    pub fn probabilities(&self) -> &'a [f64] {
-        &self.meta.probabilities
-    }
-
-    /// The importance-sampling weight of each row.
-    pub fn weights(&self) -> &'a [f64] {
-        &self.meta.weights
-    }
-
-    /// For each row, the stored step its first copied step came from.
-    pub fn starts(&self) -> &'a [u64] {
-        &self.meta.starts
     }
 }
 
@@ -531,8 +498,9 @@ impl Sampler {
         // rows.
         gear_cpu::check_column_buffers(&self.draws.layout, columns)?;
         let sh = &*self.table.shared;
-        let mut copy =
-            CallerRows { collector: &sh.collector, view: sh.region.view(), columns, lengths: &mut self.into_lengths };
+        let collector = sh.collector.into_caller_buffers();
+        let mut batch = gear_cpu::CallerBatch { columns, lengths: &mut self.into_lengths };
+        let mut copy = Gather { collector: &collector, view: sh.region.view(), batch: &mut batch };
         self.draws.sample(&self.table, &mut copy, &mut self.batch.meta)?;
         Ok(SampledRows { meta: &self.batch.meta, lengths: &self.into_lengths })
     }
@@ -543,7 +511,7 @@ impl Sampler {
     /// so a returned batch never mixes two trajectories in a row.
     pub fn sample(&mut self) -> Result<&SampledBatch> {
         let sh = &*self.table.shared;
-        let mut copy = HostRows { collector: &sh.collector, view: sh.region.view(), batch: &mut self.batch.host };
+        let mut copy = Gather { collector: &sh.collector, view: sh.region.view(), batch: &mut self.batch.host };
         self.draws.sample(&self.table, &mut copy, &mut self.batch.meta)?;
         Ok(&self.batch)
     }

@@ -103,7 +103,13 @@ pub struct BenchReport {
     pub memcpy_gb_per_s: f64,
     /// `insert_gb_per_s / memcpy_gb_per_s`.
     pub insert_vs_memcpy: f64,
-    /// `sample_gb_per_s / memcpy_gb_per_s`.
+    /// Plain single-threaded `memcpy` of the bytes sampling copies: batch
+    /// after batch, `batch` random trajectory-sized chunks of a buffer the
+    /// size of the table's data into a batch-sized buffer. Without writer
+    /// processes it is timed in rounds interleaved with the sampling rounds,
+    /// so both see the same machine.
+    pub sample_memcpy_gb_per_s: f64,
+    /// `sample_gb_per_s / sample_memcpy_gb_per_s`.
     pub sample_vs_memcpy: f64,
     /// Trajectories evicted during the insert phase.
     pub evictions: u64,
@@ -302,16 +308,26 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     progress.done();
 
     let before = table.info()?.bytes_gathered;
-    progress.phase("sample", c.batches);
-    let t = Instant::now();
-    sample_on_threads(&table, c, progress)?;
-    let sample_s = t.elapsed().as_secs_f64();
+    let data_bytes = table.spec().data_bytes() as usize;
+    // Samplers first: they refuse a batch size that cannot work.
+    let mut samplers = make_samplers(&table, c)?;
+    let mut reference = GatherReference::new(data_bytes, traj_bytes as usize, c.batch);
+    progress.phase("sample (rounds interleaved with a memcpy of the same bytes)", c.batches);
+    let (mut sample_s, mut done) = (0.0, 0);
+    for round in 0..SAMPLE_ROUNDS {
+        let batches = c.batches / SAMPLE_ROUNDS + u64::from(round < c.batches % SAMPLE_ROUNDS);
+        let t = Instant::now();
+        sample_on_threads(&mut samplers, batches, &mut |n| progress.tick(done + n))?;
+        sample_s += t.elapsed().as_secs_f64();
+        done += batches;
+        reference.copy_batches(batches);
+    }
     progress.done();
+    drop(samplers);
     let info = table.info()?;
     let gathered = info.bytes_gathered - before;
 
     progress.phase("memcpy and random-read references", 2);
-    let data_bytes = table.spec().data_bytes() as usize;
     let memcpy = memcpy_reference(traj_bytes as usize, data_bytes, c.inserts * traj_bytes, 1);
     progress.tick(1);
     let random_lines = random_line_reference(table.region_bytes(), RANDOM_REFERENCE_READS, c.sampler_threads as usize);
@@ -329,7 +345,8 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
         sample_gb_per_s: sample_gb,
         memcpy_gb_per_s: memcpy,
         insert_vs_memcpy: insert_gb / memcpy,
-        sample_vs_memcpy: sample_gb / memcpy,
+        sample_memcpy_gb_per_s: reference.gb_per_s(),
+        sample_vs_memcpy: ratio(sample_gb, reference.gb_per_s()),
         evictions: info.evictions,
         writers: 0,
         sampler_threads: c.sampler_threads,
@@ -341,13 +358,31 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
 
 /// Samples `c.batches` batches on `c.sampler_threads` threads, each with
 /// its own sampler; this thread samples a share too and shows progress.
-fn sample_on_threads(table: &ReplayTable, c: &BenchConfig, progress: &mut Progress) -> Result<()> {
-    let threads = c.sampler_threads.max(1);
+/// `a / b`, or 0 when nothing was measured (`b` is 0).
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+/// Rounds the sampling phase is split into, each followed by the same
+/// number of batches of [`GatherReference`].
+const SAMPLE_ROUNDS: u64 = 5;
+
+/// One sampler per sampling thread, all made before any samples, so a bad
+/// config fails here.
+fn make_samplers(table: &ReplayTable, c: &BenchConfig) -> Result<Vec<gear_api::Sampler>> {
+    (0..c.sampler_threads.max(1)).map(|_| table.sampler(sample_config(c)?)).collect()
+}
+
+/// Samples `batches` batches, shared out over `samplers`, one thread each;
+/// calls `tick` with the count done by all.
+fn sample_on_threads(samplers: &mut [gear_api::Sampler], batches: u64, tick: &mut dyn FnMut(u64)) -> Result<()> {
+    let threads = samplers.len() as u64;
     let done = AtomicU64::new(0);
-    // Every sampler is made before any starts, so a bad config fails here.
-    let mut samplers = (0..threads).map(|_| table.sampler(sample_config(c)?)).collect::<Result<Vec<_>>>()?;
-    let share = |i: u64| c.batches / threads + u64::from(i < c.batches % threads);
-    // Samples `batches` batches, calling `tick` with the count done by all.
+    let share = |i: u64| batches / threads + u64::from(i < batches % threads);
     let run = |sampler: &mut gear_api::Sampler, batches: u64, tick: &mut dyn FnMut(u64)| -> Result<()> {
         for _ in 0..batches {
             std::hint::black_box(sampler.sample()?);
@@ -365,13 +400,67 @@ fn sample_on_threads(table: &ReplayTable, c: &BenchConfig, progress: &mut Progre
                 scope.spawn(move || run(sampler, batches, &mut |_| {}))
             })
             .collect();
-        let result = run(mine, share(0), &mut |n| progress.tick(n));
+        let result = run(mine, share(0), tick);
         for h in handles {
             h.join().map_err(|_| Error::Config("a bench sampler thread panicked".into()))??;
         }
-        progress.tick(done.load(Ordering::Relaxed));
+        tick(done.load(Ordering::Relaxed));
         result
     })
+}
+
+/// The plain-`memcpy` reference for sampling: the bytes a batch of whole
+/// trajectories copies (`batch` random trajectory-sized chunks of a buffer
+/// the size of the table's data, into one batch-sized buffer reused batch
+/// after batch), with `copy_from_slice` on one thread.
+struct GatherReference {
+    source: Vec<u8>,
+    batch: Vec<u8>,
+    chunk: usize,
+    rows: usize,
+    rng: gear_core::Xoshiro256,
+    bytes: u64,
+    seconds: f64,
+}
+
+impl GatherReference {
+    fn new(source_bytes: usize, chunk: usize, rows: usize) -> Self {
+        let chunk = chunk.max(1);
+        // Filled, so every page is faulted in as the table's are.
+        let source = vec![1u8; source_bytes.max(chunk)];
+        let batch = vec![0u8; chunk * rows.max(1)];
+        GatherReference {
+            source,
+            batch,
+            chunk,
+            rows: rows.max(1),
+            rng: gear_core::Xoshiro256::seed_from_u64(7),
+            bytes: 0,
+            seconds: 0.0,
+        }
+    }
+
+    /// Copies `batches` batches, adding to the bytes and time measured.
+    fn copy_batches(&mut self, batches: u64) {
+        let chunks = (self.source.len() / self.chunk) as u64;
+        let starts: Vec<usize> = (0..batches as usize * self.rows)
+            .map(|_| gear_core::RandomSource::below(&mut self.rng, chunks) as usize * self.chunk)
+            .collect();
+        let t = Instant::now();
+        for batch in starts.chunks(self.rows) {
+            for (row, &start) in batch.iter().enumerate() {
+                self.batch[row * self.chunk..(row + 1) * self.chunk]
+                    .copy_from_slice(&self.source[start..start + self.chunk]);
+            }
+            std::hint::black_box(&self.batch);
+        }
+        self.seconds += t.elapsed().as_secs_f64();
+        self.bytes += starts.len() as u64 * self.chunk as u64;
+    }
+
+    fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(f64::MIN_POSITIVE) / 1e9
+    }
 }
 
 /// What a bench writer process reports.
@@ -489,6 +578,10 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
     let memcpy_2t = memcpy_reference(traj_bytes as usize, data_bytes, total, 2);
     progress.tick(2);
     let random_lines = random_line_reference(table.region_bytes(), RANDOM_REFERENCE_READS, 1);
+    let mut reference =
+        GatherReference::new(table.spec().data_bytes() as usize, traj_bytes as usize, sample_config(c)?.batch_size);
+    reference.copy_batches(c.batches.min(400));
+    let sample_memcpy = reference.gb_per_s();
     progress.done();
 
     // Aggregate over the span from the first writer's start to the last
@@ -508,7 +601,8 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         sample_gb_per_s: sample_gb,
         memcpy_gb_per_s: memcpy,
         insert_vs_memcpy: insert_gb / memcpy,
-        sample_vs_memcpy: sample_gb / memcpy,
+        sample_memcpy_gb_per_s: sample_memcpy,
+        sample_vs_memcpy: ratio(sample_gb, sample_memcpy),
         evictions: info.evictions,
         writers,
         sampler_threads: 1,

@@ -33,6 +33,8 @@ fn bench_json_prints_the_documented_fields() {
         "sample_traj_per_s",
         "sample_gb_per_s",
         "memcpy_gb_per_s",
+        "sample_memcpy_gb_per_s",
+        "sample_vs_memcpy",
         "random_line_reads_per_s",
     ] {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} missing or not positive in {out}");

@@ -98,12 +98,19 @@ impl BatchLayout {
 }
 
 /// Gathers windows from a table's data area into a backend's batch buffers.
+///
+/// A gather may be asynchronous (queued on a device, say): the sampling
+/// protocol calls [`Collector::settle`] before it checks each row's slot
+/// generation, since only bytes that have been read can be validated.
 pub trait Collector {
     /// The backend's batch buffers (host vectors, device buffers, ...).
     type Batch;
 
+    /// The backend's error type; gear-core's refusals convert into it.
+    type Error: From<Error> + std::error::Error + Send + Sync + 'static;
+
     /// Allocates buffers for batches of this layout (reusable across calls).
-    fn alloc_batch(&self, layout: &BatchLayout) -> Result<Self::Batch>;
+    fn alloc_batch(&self, layout: &BatchLayout) -> Result<Self::Batch, Self::Error>;
 
     /// Gathers `rows` into `out`, which was allocated for `layout`.
     /// `rows.len()` must equal `layout.rows`. Fills the valid lengths.
@@ -113,7 +120,7 @@ pub trait Collector {
         rows: &[GatherRow],
         layout: &BatchLayout,
         out: &mut Self::Batch,
-    ) -> Result<()>;
+    ) -> Result<(), Self::Error>;
 
     /// Gathers again only the rows whose indices are in `which` (rows whose
     /// slot was reused during the first copy and were redrawn), leaving the
@@ -126,8 +133,20 @@ pub trait Collector {
         layout: &BatchLayout,
         which: &[usize],
         out: &mut Self::Batch,
-    ) -> Result<()> {
+    ) -> Result<(), Self::Error> {
         let _ = which;
         self.gather(src, rows, layout, out)
     }
+
+    /// Returns once every gather into `out` has finished reading the
+    /// table. Collectors whose `gather` copies before it returns (the CPU
+    /// one) keep this default, which returns at once.
+    fn settle(&self, out: &mut Self::Batch) -> Result<(), Self::Error> {
+        let _ = out;
+        Ok(())
+    }
+
+    /// The valid length of each row of `out`, as the last gather or
+    /// regather set it.
+    fn lengths<'b>(&self, out: &'b Self::Batch) -> &'b [u64];
 }

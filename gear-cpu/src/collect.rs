@@ -25,6 +25,10 @@ pub const BATCH_ALIGN: usize = 64;
 /// cost of spawning (tens of microseconds) outweighs the copy it shares.
 pub const DEFAULT_BYTES_PER_THREAD: u64 = 1 << 20;
 
+/// Shares of a batch's rows per gathering thread (when there are rows
+/// enough), so that threads balance their work while copying.
+const SHARES_PER_THREAD: usize = 4;
+
 /// A collector that copies with the CPU. Cheap to clone; holds no threads
 /// (scoped threads are spawned per large gather).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -369,10 +373,12 @@ impl CpuCollector {
             gather_rows(bytes, table_layout, layout, rows, &mut cols, lengths);
             return;
         }
-        // One share of rows per thread, in a queue that the spawned threads
-        // and this one drain; if a thread cannot be spawned, the others
-        // simply take its share.
-        let per = rows.len().div_ceil(threads);
+        // Shares of rows in a queue that the spawned threads and this one
+        // drain, several per thread: a thread that starts late or loses its
+        // core for a while (a busy or shared machine) leaves its shares to
+        // the others instead of making every thread wait for its half. If a
+        // thread cannot be spawned, the others take its shares too.
+        let per = rows.len().div_ceil(threads * SHARES_PER_THREAD);
         let row_bytes: Vec<usize> = (0..cols.len()).map(|i| layout.row_bytes(i) as usize).collect();
         let mut shares = Vec::with_capacity(threads);
         let (mut rows_left, mut lens_left) = (rows, lengths);
@@ -458,6 +464,7 @@ impl HostBatch {
 
 impl Collector for CpuCollector {
     type Batch = HostBatch;
+    type Error = Error;
 
     fn alloc_batch(&self, layout: &BatchLayout) -> Result<HostBatch> {
         HostBatch::new(layout)
@@ -489,6 +496,10 @@ impl Collector for CpuCollector {
         let (mut cols, lengths) = out.parts();
         regather_checked(&bytes, src.layout(), rows, layout, which, &mut cols, lengths);
         Ok(())
+    }
+
+    fn lengths<'b>(&self, out: &'b HostBatch) -> &'b [u64] {
+        out.lengths()
     }
 }
 

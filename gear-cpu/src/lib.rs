@@ -25,6 +25,7 @@
 
 #![warn(missing_docs)]
 
+mod caller;
 mod collect;
 mod error;
 mod host;
@@ -32,6 +33,7 @@ mod raw;
 mod shm;
 pub mod sync;
 
+pub use caller::{CallerBatch, IntoCallerBuffers};
 pub use collect::{check_column_buffers, CpuCollector, HostBatch, BATCH_ALIGN, DEFAULT_BYTES_PER_THREAD};
 pub use error::{Error, Result};
 pub use host::{HostPool, HOST_POOL_ALIGN};

@@ -367,3 +367,28 @@ fn regather_replaces_only_the_listed_rows() {
     }
     assert!(c.regather(&table.view(), &rows, &layout, &[5], &mut batch).is_err(), "row out of range");
 }
+
+#[test]
+fn caller_buffers_through_the_collector_trait_match_a_host_batch() {
+    let spec = two_column_spec();
+    let table = filled_table(&spec);
+    let rows = [GatherRow { slot: 1, len: 3 }, GatherRow { slot: 0, len: 2 }, GatherRow { slot: 1, len: 1 }];
+    let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), WindowSpec::last(2)).unwrap();
+    let host = CpuCollector::with_threads(1);
+    let mut expected = host.alloc_batch(&layout).unwrap();
+    host.gather(&table.view(), &rows, &layout, &mut expected).unwrap();
+
+    let into = host.into_caller_buffers();
+    assert!(into.alloc_batch(&layout).unwrap_err().to_string().contains("sized by the caller"));
+    let (mut a, mut b) = (vec![7u8; layout.column_bytes(0) as usize], vec![7u8; layout.column_bytes(1) as usize]);
+    let mut lens = [9u64; 3];
+    let mut cols = [&mut a[..], &mut b[..]];
+    let mut batch = gear_cpu::CallerBatch { columns: &mut cols, lengths: &mut lens };
+    into.gather(&table.view(), &rows, &layout, &mut batch).unwrap();
+    // Row 2 again from another slot: only its bytes change.
+    let again = [rows[0], rows[1], GatherRow { slot: 0, len: 2 }];
+    into.regather(&table.view(), &again, &layout, &[2], &mut batch).unwrap();
+    host.regather(&table.view(), &again, &layout, &[2], &mut expected).unwrap();
+    assert_eq!(into.lengths(&batch), host.lengths(&expected));
+    assert_eq!((&a[..], &b[..]), (expected.column(0), expected.column(1)));
+}

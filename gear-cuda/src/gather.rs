@@ -330,21 +330,49 @@ impl CudaCollector {
 
 impl Collector for CudaCollector {
     type Batch = CudaBatch;
+    type Error = Error;
 
-    fn alloc_batch(&self, layout: &BatchLayout) -> gear_core::Result<CudaBatch> {
-        Ok(self.alloc(layout)?)
+    fn alloc_batch(&self, layout: &BatchLayout) -> Result<CudaBatch> {
+        self.alloc(layout)
     }
 
-    fn gather(
+    /// Queues the gather ([`CudaCollector::gather_into`]);
+    /// [`Collector::settle`] waits for it.
+    fn gather(&self, src: &TableView<'_>, rows: &[GatherRow], layout: &BatchLayout, out: &mut CudaBatch) -> Result<()> {
+        check_batch_layout(out, layout)?;
+        self.gather_into(src, rows, out)
+    }
+
+    /// Gathers only the rows `which` ([`CudaCollector::regather_rows`])
+    /// and waits for them, since the caller validates them next.
+    fn regather(
         &self,
         src: &TableView<'_>,
         rows: &[GatherRow],
         layout: &BatchLayout,
+        which: &[usize],
         out: &mut CudaBatch,
-    ) -> gear_core::Result<()> {
-        if out.layout != *layout {
-            return Err(gear_core::Error::InvalidWindow("the batch was allocated for a different layout".into()));
-        }
-        Ok(self.gather_into(src, rows, out)?)
+    ) -> Result<()> {
+        check_batch_layout(out, layout)?;
+        self.regather_rows(src, rows, which, out)?;
+        out.synchronize()
+    }
+
+    /// Waits for the batch's event: the device has finished reading the
+    /// table for every gather queued into `out`.
+    fn settle(&self, out: &mut CudaBatch) -> Result<()> {
+        out.synchronize()
+    }
+
+    fn lengths<'b>(&self, out: &'b CudaBatch) -> &'b [u64] {
+        out.lengths()
+    }
+}
+
+fn check_batch_layout(out: &CudaBatch, layout: &BatchLayout) -> Result<()> {
+    if out.layout == *layout {
+        Ok(())
+    } else {
+        Err(gear_core::Error::InvalidWindow("the batch was allocated for a different layout".into()).into())
     }
 }

@@ -6,7 +6,7 @@
 use super::shared::{add, process_salt, sub, Locked, Shared};
 use super::ReplayTable;
 use crate::error::{Error, Result};
-use gear_core::{target, Change, LogOp, Sampled, SlotKey, Xoshiro256};
+use gear_core::{target, Change, LogOp, Sampled, SlotKey, SlotRecord, Xoshiro256};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -120,25 +120,22 @@ impl ReplayTable {
         sel.drawn.clear();
         l.local.sampler.sample(n, &mut sel.rng, &mut sel.drawn)?;
         check_drawn(l.local.sampler.name(), n, &sel.drawn, sh.region.spec().capacity())?;
-        prefetch_records(sh, &sel.drawn);
         let ctl = sh.region.control();
-        for s in &sel.drawn {
-            let rec = &sh.region.slots()[s.key.slot as usize];
-            let Some(len) = rec.read_begin(s.key) else {
-                return Err(not_stored(l.local.sampler.name(), s.key));
-            };
-            out.push((*s, len));
-            let times = rec.add_sampled();
+        let retiring = &mut sel.retiring;
+        read_drawn(sh, &sel.drawn, out, &mut sel.stale, |key, rec, times| {
             if let Some(max) = sh.max_times_sampled {
-                if times >= max
-                    && !sel.retiring.contains(&s.key)
-                    && rec.retire(s.key, u64::from(sh.lease.token())).is_ok()
-                {
-                    l.record(Change { key: s.key, op: LogOp::Remove, target: target::BOTH, priority: 0.0 })?;
+                if times >= max && !retiring.contains(&key) && rec.retire(key, u64::from(sh.lease.token())).is_ok() {
+                    l.record(Change { key, op: LogOp::Remove, target: target::BOTH, priority: 0.0 })?;
                     sub(&ctl.size, 1);
-                    sel.retiring.push(s.key);
+                    retiring.push(key);
                 }
             }
+            Ok(())
+        })?;
+        if let Some(&key) = sel.stale.first() {
+            // Under the lock the strategy's rows are the table's: this one
+            // returned a key it does not hold.
+            return Err(not_stored(l.local.sampler.name(), key));
         }
         if count_against_limiter {
             add(&ctl.samples, n as u64);
@@ -165,18 +162,7 @@ impl ReplayTable {
         let (mut want, mut count) = (n, count_against_limiter);
         for _ in 0..STALE_DRAW_ATTEMPTS {
             self.draw_shared(want, deadline, count, sel)?;
-            prefetch_records(sh, &sel.drawn);
-            sel.stale.clear();
-            for s in &sel.drawn {
-                let rec = &sh.region.slots()[s.key.slot as usize];
-                match rec.read_begin(s.key) {
-                    Some(len) => {
-                        out.push((*s, len));
-                        rec.add_sampled();
-                    }
-                    None => sel.stale.push(s.key),
-                }
-            }
+            read_drawn(sh, &sel.drawn, out, &mut sel.stale, |_, _, _| Ok(()))?;
             if sel.stale.is_empty() {
                 return Ok(());
             }
@@ -260,6 +246,33 @@ impl ReplayTable {
         }
         l.wake();
     }
+}
+
+/// Reads the slot record of every drawn row: appends the draw and the
+/// row's published length to `out`, counts the sample on the slot, and
+/// calls `taken` with the key, the record and the slot's count of samples
+/// so far. Rows evicted since the draw are listed in `stale` instead.
+fn read_drawn(
+    sh: &Shared,
+    drawn: &[Sampled],
+    out: &mut Vec<(Sampled, u64)>,
+    stale: &mut Vec<SlotKey>,
+    mut taken: impl FnMut(SlotKey, &SlotRecord, u64) -> Result<()>,
+) -> Result<()> {
+    prefetch_records(sh, drawn);
+    stale.clear();
+    for s in drawn {
+        let rec = &sh.region.slots()[s.key.slot as usize];
+        match rec.read_begin(s.key) {
+            Some(len) => {
+                out.push((*s, len));
+                let times = rec.add_sampled();
+                taken(s.key, rec, times)?;
+            }
+            None => stale.push(s.key),
+        }
+    }
+    Ok(())
 }
 
 /// Starts loading every drawn row's slot record, so that the misses

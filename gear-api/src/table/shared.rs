@@ -208,7 +208,7 @@ impl Shared {
     /// what a dead lock holder left and applying the log; reclaims a slice
     /// of dead writers' slots when it is time.
     pub(super) fn write_in_step<'a>(&'a self, guard: TableLockGuard<'a>, state: LockState) -> Result<Locked<'a>> {
-        let mut l = Locked { sh: self, guard, local: self.local.write() };
+        let mut l = Locked { sh: self, guard, local: self.local.write(), reap_checked: false };
         if state == LockState::OwnerDied {
             l.repair();
             // Writers (and the holder itself) may have died with it.
@@ -297,6 +297,9 @@ pub(super) struct Locked<'a> {
     pub(super) sh: &'a Shared,
     pub(super) guard: TableLockGuard<'a>,
     pub(super) local: RwLockWriteGuard<'a, Local>,
+    /// Whether [`Locked::maybe_reap`] already looked at the clock during
+    /// this hold: a batch taking many slots asks once, not once a slot.
+    reap_checked: bool,
 }
 
 /// Adds to a guarded counter (wrapping: a corrupted value must not panic).
@@ -626,8 +629,12 @@ impl<'a> Locked<'a> {
     }
 
     /// A full scan for dead writers, at most once per [`REAP_INTERVAL`]
-    /// per process. Returns the slots reclaimed.
+    /// per process and once per hold of the lock. Returns the slots
+    /// reclaimed.
     pub(super) fn maybe_reap(&mut self) -> Result<u64> {
+        if std::mem::replace(&mut self.reap_checked, true) {
+            return Ok(0);
+        }
         let sh = self.sh;
         let now = sh.now_ms();
         let last = sh.last_reap_ms.load(Ordering::Relaxed);
