@@ -14,7 +14,8 @@
 mod common;
 
 use gear_core::{
-    BatchLayout, ColumnSpec, DType, GatherRow, Layout, Pad, RandomSource, TableSpec, WindowSpec, Xoshiro256,
+    BatchLayout, ColumnSpec, DType, GatherRow, Layout, Pad, RandomSource, SelectionRule, SlotKey, TableSpec,
+    WindowSpec, Xoshiro256,
 };
 use gear_cuda::kernels::{KernelSource, COMMON_SOURCE};
 use gear_cuda::plan;
@@ -620,4 +621,176 @@ fn scatter_applies_batched_updates_last_write_wins() {
         }
         assert_eq!(got, want);
     }
+}
+
+// ------------------------------------------------- device draws into gather
+
+/// One pass of CudaCollector::gather_drawn through the shim: the device
+/// mirror as `SlotMirror` (the crate's own bookkeeping) writes it, the
+/// draw, `gear_drawn_rows`, and the gather reading the row tables the draw
+/// filled. Returns the host words (key, len, probability, weight per row),
+/// the kernel's lengths and the columns.
+#[allow(clippy::too_many_arguments)]
+fn run_drawn(
+    exe: &PathBuf,
+    layout: &Layout,
+    data: &[u8],
+    batch: &BatchLayout,
+    uploads: &gear_cuda::drawn::MirrorUploads,
+    rule: SelectionRule,
+    held: usize,
+    seed: u64,
+    random_start: Option<u64>,
+) -> (Vec<[u64; 4]>, Vec<u64>, Vec<Vec<u8>>) {
+    let n = layout.capacity();
+    let rows = batch.rows() as u64;
+    let mut prio = vec![f64::NAN; n as usize];
+    let mut keys = vec![0x1234u64; n as usize];
+    let mut lens = vec![0x4321u64; n as usize];
+    for &(s, p) in &uploads.priorities {
+        prio[s as usize] = p;
+    }
+    for &(s, k, l) in &uploads.rows {
+        (keys[s as usize], lens[s as usize]) = (k, l);
+    }
+    assert!(prio.iter().all(|p| !p.is_nan()), "the first sync writes every slot");
+    let (alpha, beta, stratified, k) = match rule {
+        SelectionRule::Uniform => (1.0, 0.0, false, 0),
+        SelectionRule::Proportional { alpha, beta, stratified } => (alpha, beta, stratified, 0),
+        SelectionRule::TopK => (1.0, 0.0, false, rows.min(held as u64)),
+    };
+    let (chunk_len, nchunks) = plan::prio_chunks(n);
+    let (m, steps) = plan::topk_network(n);
+    let mut w = Writer::default();
+    w.u(5).u(3).u(32).u(n).f(alpha).f(beta).u(chunk_len).u(nchunks).u(seed).u(rows).u(stratified.into());
+    // k == 0 selects proportional draws in the driver: a top-k batch with
+    // nothing held draws nothing at all (no launch), as gather_drawn does.
+    w.u(if rule == SelectionRule::TopK { k.max(1) } else { 0 }).u(m).u(steps.len() as u64);
+    for (size, stride) in steps {
+        w.u(size).u(stride);
+    }
+    let win = batch.window();
+    w.u(random_start.is_some().into()).u(random_start.unwrap_or(0)).u(win.len).u(win.offset as u64);
+    w.u(u64::from(win.pad == Pad::Head)).u(batch.columns().len() as u64).u(layout.slot_stride());
+    w.u(data.len() as u64).bytes(data);
+    for &p in &prio {
+        w.f(p);
+    }
+    for (&k, &l) in keys.iter().zip(&lens) {
+        w.u(k).u(l);
+    }
+    for (&c, &s) in batch.columns().iter().zip(batch.step_bytes()) {
+        w.u(layout.offset(0, c, 0)).u(s);
+    }
+    let out = run(exe, &w.0);
+    let mut r = Reader(&out);
+    let words: Vec<u64> = (0..4 * rows).map(|_| r.u()).collect();
+    let per_row = (0..rows as usize).map(|i| [0, 1, 2, 3].map(|j| words[j * rows as usize + i])).collect();
+    let lengths = (0..rows).map(|_| r.u()).collect();
+    let cols = (0..batch.columns().len()).map(|i| r.bytes(batch.column_bytes(i) as usize)).collect();
+    assert!(r.0.is_empty(), "driver wrote trailing bytes");
+    (per_row, lengths, cols)
+}
+
+#[test]
+fn device_draws_feed_the_gather_without_leaving_the_device() {
+    use gear_cuda::drawn::NO_KEY;
+    use gear_cuda::{SlotMirror, SlotUpdate};
+    let Some(exe) = driver() else { return };
+    let mut rng = Xoshiro256::seed_from_u64(0xd4a3);
+    let mut cut = 0;
+    for case in 0..90 {
+        let base = random_case(&mut rng);
+        let layout = base.layout;
+        let t = layout.max_len();
+        let n = layout.capacity();
+        let rule = match case % 3 {
+            0 => SelectionRule::Uniform,
+            1 => SelectionRule::Proportional {
+                alpha: [0.6, 1.0, 0.0][case / 3 % 3],
+                beta: 0.4,
+                stratified: case % 2 == 0,
+            },
+            _ => SelectionRule::TopK,
+        };
+        // Some slots hold nothing; priorities include zeros; a few cases
+        // have nothing drawable at all.
+        let empty = case % 10 == 7;
+        let updates: Vec<SlotUpdate> = (0..n as u32)
+            .map(|s| {
+                let held = !empty && rng.below(5) != 0;
+                let key = held.then(|| SlotKey { slot: s, generation: rng.next_u64() as u32 & 0xffff });
+                let priority = [0.0, 0.25, 3.0, 10.0 * rng.next_f64()][rng.below(4) as usize];
+                SlotUpdate { slot: s, key, priority, len: rng.below(t + 1) }
+            })
+            .collect();
+        let mut mirror = SlotMirror::new(n, t);
+        let uploads = mirror.apply(rule, &updates).unwrap();
+        let random_start = (case % 4 == 1).then(|| rng.next_u64());
+        let wlen = 1 + rng.below(t);
+        let window = if random_start.is_some() {
+            WindowSpec { offset: -(wlen as i64), len: wlen, pad: Pad::Tail }
+        } else {
+            base.batch.window()
+        };
+        let nrows = 1 + rng.below(12) as usize;
+        let batch = BatchLayout::new(&layout, base.batch.columns(), nrows, window).unwrap();
+        let seed = rng.next_u64();
+        let (got, lengths, cols) =
+            run_drawn(exe, &layout, &base.data, &batch, &uploads, rule, mirror.held(), seed, random_start);
+        // What each slot weighs, as the host strategy computes it.
+        let mass = |u: &SlotUpdate| match (u.key, rule) {
+            (None, _) => 0.0,
+            (Some(_), SelectionRule::Proportional { alpha, .. }) if u.priority > 0.0 => u.priority.powf(alpha),
+            (Some(_), SelectionRule::Proportional { .. }) => 0.0,
+            (Some(_), _) => 1.0,
+        };
+        let total: f64 = updates.iter().map(mass).sum();
+        let mmin = updates.iter().map(mass).filter(|&m| m > 0.0).fold(f64::INFINITY, f64::min);
+        let mut ranking: Vec<&SlotUpdate> = updates.iter().filter(|u| u.key.is_some()).collect();
+        ranking.sort_by(|a, b| b.priority.total_cmp(&a.priority).then(a.slot.cmp(&b.slot)));
+        let mut rows = Vec::new();
+        for (r, &[kw, len, pbits, wbits]) in got.iter().enumerate() {
+            let (p, iw) = (f64::from_bits(pbits), f64::from_bits(wbits));
+            if total == 0.0 {
+                // Nothing drawable: keyless rows of length 0 the host redraws.
+                assert_eq!((kw, len, p, iw), (NO_KEY, 0, 0.0, 0.0), "case {case} row {r}");
+                rows.push(GatherRow { slot: 0, len: 0 });
+                continue;
+            }
+            let key = SlotKey::from_u64(kw);
+            let u = &updates[key.slot as usize];
+            assert_eq!(u.key, Some(key), "case {case} row {r}: the row's key is its slot's");
+            assert!(mass(u) > 0.0, "case {case} row {r}: slot {} cannot be drawn", key.slot);
+            match rule {
+                SelectionRule::TopK => {
+                    let k = nrows.min(ranking.len());
+                    assert_eq!(key.slot, ranking[r % k].slot, "case {case} row {r}: top-k order");
+                    assert_eq!((p, iw), (1.0, 1.0));
+                }
+                SelectionRule::Uniform => assert_eq!((p, iw), (1.0 / mirror.held() as f64, 1.0), "case {case}"),
+                SelectionRule::Proportional { beta, .. } => {
+                    let m = mass(u);
+                    assert!((p - m / total).abs() <= 1e-12 * (m / total), "case {case} row {r}: probability");
+                    let want = (mmin / m).powf(beta);
+                    assert!((iw - want).abs() <= 1e-12 * want, "case {case} row {r}: weight {iw} vs {want}");
+                }
+            }
+            if random_start.is_some() && u.len > wlen {
+                assert!((wlen..=u.len).contains(&len), "case {case} row {r}: cut {len} of {}", u.len);
+                cut += usize::from(len < u.len);
+            } else {
+                assert_eq!(len, u.len, "case {case} row {r}: stored length");
+            }
+            rows.push(GatherRow { slot: key.slot, len });
+        }
+        // The gather read the drawn rows from the tables the draw filled.
+        let (want_cols, want_lengths) = common::gather_reference(&layout, &base.data, &batch, &rows);
+        assert_eq!(lengths, want_lengths, "case {case}: lengths");
+        assert!(cols == want_cols, "case {case}: gathered bytes differ from the rows drawn ({rows:?})");
+        // The same seed draws the same rows.
+        let again = run_drawn(exe, &layout, &base.data, &batch, &uploads, rule, mirror.held(), seed, random_start);
+        assert!(again.0 == got, "case {case}: the seed fixes the draws");
+    }
+    assert!(cut > 0, "random starts never cut a trajectory");
 }
