@@ -17,7 +17,7 @@ use crate::kernels::KernelFn;
 use crate::memory::DeviceMemory;
 use crate::plan;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
-use gear_core::{check_priority, RandomSource, Sampled, Selector, SlotKey};
+use gear_core::{check_priority, RandomSource, Sampled, SelectionRule, Selector, SlotKey};
 use std::sync::Arc;
 
 /// Proportional draws from [`DevicePriorities::sample`], copied to the host.
@@ -560,6 +560,11 @@ impl Selector for CudaPrioritized {
         "cuda-prioritized"
     }
 
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        let (alpha, beta, stratified) = (self.alpha, self.beta, self.stratified);
+        Some(SelectionRule::Proportional { alpha, beta, stratified })
+    }
+
     fn prepare(&mut self, capacity: u64) -> gear_core::Result<()> {
         self.prios = Some(DevicePriorities::new(&self.device, capacity)?);
         self.keys.prepare(capacity);
@@ -663,6 +668,9 @@ impl CudaTopK {
 impl Selector for CudaTopK {
     fn name(&self) -> &str {
         "cuda-topk"
+    }
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        Some(SelectionRule::TopK)
     }
     fn prepare(&mut self, capacity: u64) -> gear_core::Result<()> {
         self.inner.prepare(capacity)

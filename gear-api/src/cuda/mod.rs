@@ -33,9 +33,12 @@
 //! against the CPU collector and the CPU sampler) are packed by
 //! `cargo xtask gpu-test`; they passed on an H100 on 2026-11-22.
 
+mod device_select;
+
 use crate::error::{Error, Result};
 use crate::sampler::{BatchMeta, Draws, Gather, SampleConfig};
 use crate::table::ReplayTable;
+use device_select::DeviceSelection;
 use gear_core::TableRegion;
 use gear_core::{BatchLayout, DType, MemoryKind, MemoryRegion, SlotKey, TableView};
 use gear_cuda::cudarc::driver::{CudaEvent, CudaStream};
@@ -86,11 +89,22 @@ pub struct CudaSamplerOptions {
     /// (counted in the shared slot record, by every sampler of every
     /// process; default 2).
     pub cache_admit_after: u64,
+    /// Select on the host even when the table's strategy has a GPU kernel
+    /// (default `false`: such tables select on the GPU; see
+    /// [`CudaSampler::selects_on_device`]).
+    pub host_selection: bool,
 }
 
 impl Default for CudaSamplerOptions {
     fn default() -> Self {
-        CudaSamplerOptions { ordinal: 0, stream: None, ring: 2, cache_entries: 0, cache_admit_after: 2 }
+        CudaSamplerOptions {
+            ordinal: 0,
+            stream: None,
+            ring: 2,
+            cache_entries: 0,
+            cache_admit_after: 2,
+            host_selection: false,
+        }
     }
 }
 
@@ -109,6 +123,13 @@ impl CudaSamplerOptions {
     /// Keep `n` batches (at least 1; see [`CudaSamplerOptions::ring`]).
     pub fn ring(mut self, n: usize) -> Self {
         self.ring = n;
+        self
+    }
+
+    /// Select on the host (`true`) even when the table's strategy has a GPU
+    /// kernel (see [`CudaSamplerOptions::host_selection`]).
+    pub fn host_selection(mut self, yes: bool) -> Self {
+        self.host_selection = yes;
         self
     }
 
@@ -442,6 +463,10 @@ pub struct CudaSampler {
     /// The device cache and its fill thread, joined before the batches and
     /// the registration go.
     fill: Option<CacheFill>,
+    /// GPU selection, when the table's strategy has a kernel (see
+    /// `device_select`); dropped after the ring, whose drop waits for the
+    /// gathers that read its buffers.
+    selection: Option<DeviceSelection>,
     /// Declared last: the registration outlives the batches, whose drop
     /// waits for any gather still reading the table.
     mapping: MappingShare,
@@ -506,6 +531,21 @@ impl CudaSampler {
             .map(|_| Ok(CudaSampledBatch { device: collector.alloc(&draws.layout)?, meta: meta.clone() }))
             .collect::<Result<Vec<_>>>()?;
         let prefetch = options.ring > 1 && table.max_times_sampled().is_none();
+        let on_device = !options.host_selection && fill.is_none() && table.device_rule().is_some();
+        let selection = if on_device {
+            let rows = draws.layout.rows();
+            Some(DeviceSelection::new(
+                &m.device,
+                &collector,
+                &table,
+                ring.len(),
+                rows,
+                draws.seed(),
+                config.random_start,
+            )?)
+        } else {
+            None
+        };
         Ok(CudaSampler {
             table,
             collector,
@@ -516,6 +556,7 @@ impl CudaSampler {
             prefetch,
             draws,
             fill,
+            selection,
             mapping,
         })
     }
@@ -579,6 +620,12 @@ impl CudaSampler {
             self.collector.stream().wait(&released).map_err(cuda)?;
         }
         let view = self.mapping.view();
+        if let Some(sel) = &mut self.selection {
+            let deadline = timeout.map(|t| std::time::Instant::now() + t);
+            if sel.start(&self.table, &self.collector, &view, i, &mut self.ring[i].device, deadline)? {
+                return Ok(());
+            }
+        }
         let mut copy = Gather { collector: &self.collector, view, batch: &mut self.ring[i].device };
         self.draws.start(&self.table, &mut copy, timeout)
     }
@@ -587,8 +634,26 @@ impl CudaSampler {
     fn finish(&mut self, i: usize) -> Result<()> {
         let view = self.mapping.view();
         let b = &mut self.ring[i];
+        if let Some(sel) = self.selection.as_mut().filter(|s| s.is_in_flight(i)) {
+            sel.adopt(&self.table, i, &mut b.device, &mut self.draws)?;
+        }
         let mut copy = Gather { collector: &self.collector, view, batch: &mut b.device };
         self.draws.finish(&self.table, &mut copy, &mut b.meta)
+    }
+
+    /// Whether this sampler selects on the GPU: the table's strategy names
+    /// a [`gear_core::SelectionRule`] (uniform, prioritized, max-heap, or
+    /// gear-cuda's GPU strategies), the table has no `max_times_sampled`
+    /// and does not sample trajectories being written, the sampler has no
+    /// device cache and [`CudaSamplerOptions::host_selection`] is off.
+    pub fn selects_on_device(&self) -> bool {
+        self.selection.is_some()
+    }
+
+    /// Batches drawn on the GPU so far (each returned batch was drawn
+    /// either there or, when the device path declined it, on the host).
+    pub fn device_batches(&self) -> u64 {
+        self.selection.as_ref().map_or(0, DeviceSelection::batches)
     }
 
     /// Whether the next batch is already being gathered.
