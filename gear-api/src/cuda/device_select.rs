@@ -144,3 +144,76 @@ impl DeviceSelection {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::sampler::{Draws, Gather};
+    use crate::table::ReplayTable;
+    use crate::{SampleConfig, StepValue};
+    use gear_core::{Collector, ColumnSpec, DType, GatherRow, Sampled, SlotKey, TableSpec, WindowSpec};
+    use gear_sampler::{StrategyKind, StrategyParams};
+
+    /// The host half of a device batch, with the CPU collector standing in
+    /// for the GPU: rows drawn elsewhere are adopted and the shared
+    /// `Draws::finish` keeps the valid ones as drawn (probability, weight,
+    /// length) and redraws on the host, gathering again, exactly the rows
+    /// drawn by nothing, whose key went stale, or whose bytes were
+    /// overwritten after the copy.
+    #[test]
+    fn adopted_rows_keep_their_draws_and_bad_rows_are_redrawn_on_the_host() {
+        let spec = TableSpec::new(vec![ColumnSpec::new("x", DType::I32, [])], 4, 6).unwrap();
+        let table = ReplayTable::builder(spec)
+            .sampler_kind(StrategyKind::Prioritized, StrategyParams::default())
+            .remover_kind(StrategyKind::Fifo)
+            .build()
+            .unwrap();
+        let write = |id: u32| {
+            let mut tr = table.writer().begin(Some(1.0)).unwrap();
+            for s in 0..3u32 {
+                tr.append_step(&[StepValue::typed(&[(id * 100 + s) as i32])]).unwrap();
+            }
+            tr.end().unwrap()
+        };
+        let keys: Vec<SlotKey> = (0..6).map(write).collect();
+        let (mut draws, mut meta) = Draws::new(&table, &SampleConfig::new(5, WindowSpec::last(2))).unwrap();
+        let sh = &*table.shared;
+        let mut batch = sh.collector.alloc_batch(&draws.layout).unwrap();
+        let drawn = |k: SlotKey, p: f64| Some((Sampled { key: k, probability: p, weight: 0.5 }, 3));
+        // Row 3's key is made stale before adoption; row 4 is overwritten
+        // after its bytes were copied (a torn read).
+        let stale = SlotKey { generation: keys[2].generation + 7, ..keys[2] };
+        let rows = vec![drawn(keys[0], 0.25), None, drawn(keys[1], 0.125), drawn(stale, 0.5), drawn(keys[0], 0.25)];
+        let sampled_before = sh.region.slots()[keys[0].slot as usize].meta(keys[0].slot).times_sampled;
+        draws.adopt(&table, None, rows.into_iter()).unwrap();
+        let gather_rows: Vec<GatherRow> =
+            [keys[0], keys[0], keys[1], keys[0], keys[0]].iter().map(|k| GatherRow { slot: k.slot, len: 3 }).collect();
+        sh.collector.gather(&sh.region.view(), &gather_rows, &draws.layout, &mut batch).unwrap();
+        // Evicting the oldest (keys[0]) through a new insert tears rows 0 and 4.
+        let newest = write(9);
+        let mut copy = Gather { collector: &sh.collector, view: sh.region.view(), batch: &mut batch };
+        draws.finish(&table, &mut copy, &mut meta).unwrap();
+        assert_eq!(meta.keys[2], keys[1], "a valid row is kept");
+        assert_eq!((meta.probabilities[2], meta.weights[2]), (0.125, 0.5), "with the device's draw");
+        for r in [0, 1, 3, 4] {
+            let k = meta.keys[r];
+            assert!(k != keys[0] && k != stale, "row {r} was redrawn: {k}");
+            assert!(keys[1..].contains(&k) || k == newest, "row {r}: {k} is held");
+        }
+        // Every row holds its trajectory's last two steps.
+        let x = batch.column(0);
+        let ids: Vec<u32> = (0..6).map(|i| if i == 0 { 9 } else { i }).collect();
+        for r in 0..5 {
+            let k = meta.keys[r];
+            let id = if k == newest { 9 } else { keys.iter().position(|&q| q == k).unwrap() as u32 };
+            assert!(ids.contains(&id));
+            let got = [
+                i32::from_le_bytes(x[8 * r..][..4].try_into().unwrap()) as u32,
+                i32::from_le_bytes(x[8 * r + 4..][..4].try_into().unwrap()) as u32,
+            ];
+            assert_eq!(got, [id * 100 + 1, id * 100 + 2], "row {r} ({k})");
+        }
+        let sampled_after = sh.region.slots()[keys[1].slot as usize].meta(keys[1].slot).times_sampled;
+        assert!(sampled_after >= 1, "adopted rows count as sampled");
+        assert_eq!(sampled_before, 0);
+    }
+}
