@@ -1,19 +1,33 @@
 //! The CUDA path of the public API (Cargo feature `cuda`): a
-//! [`CudaSampler`] draws rows exactly as the CPU [`Sampler`](crate::Sampler)
-//! does and gathers their windows on a GPU, straight from the table's host
-//! memory, into device buffers. Nothing is staged: the table's region is
-//! page-locked and mapped for the device in place (`cuMemHostRegister`
-//! through [`CudaDevice::register`]), and gear-cuda's gather kernel reads it
-//! over the bus.
+//! [`CudaSampler`] draws rows by the table's strategy and gathers their
+//! windows on a GPU, straight from the table's host memory, into device
+//! buffers. Nothing is staged: the table's region is page-locked and mapped
+//! for the device in place (`cuMemHostRegister` through
+//! [`CudaDevice::register`]), and gear-cuda's gather kernel reads it over
+//! the bus.
 //!
-//! One [`CudaSampler::sample`]: select under the table's protocol (rate
-//! limiter, `max_times_sampled`), queue the gather on the sampler's stream,
-//! and, once the device has finished reading, validate every row's slot
-//! generation (gear-core's seqlock): rows whose slot was reused while the
-//! device read them are redrawn and only those rows gathered again. With a
-//! ring of batches (the default, two) the gather of the next batch is
-//! started before `sample()` returns and validated at the next call, so it
-//! overlaps the trainer's step; see [`CudaSamplerOptions`].
+//! Selection runs on the GPU when the strategy names a
+//! [`gear_core::SelectionRule`] (uniform, prioritized, max-heap, gear-cuda's
+//! GPU strategies): the sampler keeps the table's slots (key, length,
+//! priority) in device memory, brought in step before every draw with the
+//! slots the table's change log touched since the last one (so updates from
+//! any process count), and the drawn slots go from the draw kernel into the
+//! gather's row tables on the device; the rows' keys, probabilities and
+//! weights (those of the host strategy) come back with the batch. Otherwise
+//! (FIFO, LIFO, min-heap, user strategies, `max_times_sampled`, sampling
+//! while writing, a device cache, or [`CudaSamplerOptions::host_selection`])
+//! the host selects as the CPU [`Sampler`](crate::Sampler) does. See
+//! `device_select`.
+//!
+//! One [`CudaSampler::sample`]: admit the batch under the table's protocol
+//! (rate limiter), draw it (on the device or the host), queue the gather on
+//! the sampler's stream, and, once the device has finished reading,
+//! validate every row's slot generation (gear-core's seqlock): rows whose
+//! slot was reused while the device read them, and rows the device could
+//! not draw, are drawn again on the host and only those rows gathered
+//! again. With a ring of batches (the default, two) the next batch is drawn
+//! and gathered before `sample()` returns and validated at the next call,
+//! so it overlaps the trainer's step; see [`CudaSamplerOptions`].
 //!
 //! Hot trajectories can be kept in device memory
 //! ([`CudaSamplerOptions::cache`]): admitted once sampled a given number of
@@ -31,7 +45,10 @@
 //!
 //! The device tests in `gear-api/tests/cuda.rs` (every batch byte for byte
 //! against the CPU collector and the CPU sampler) are packed by
-//! `cargo xtask gpu-test`; they passed on an H100 on 2026-11-22.
+//! `cargo xtask gpu-test`; those written before GPU selection passed on an
+//! H100 on 2026-11-22. GPU selection and its two device tests have not run
+//! on a GPU yet (its protocol is tested on the host: `table::device`,
+//! `device_select`, and gear-cuda's CPU shim).
 
 mod device_select;
 
@@ -142,7 +159,9 @@ impl CudaSamplerOptions {
     /// a copy is complete the row is read zero-copy. Cached rows are checked
     /// against the slot's current key when a gather is planned and validated
     /// after it like every other row, so a reused slot is never served from
-    /// a stale copy.
+    /// a stale copy. A sampler with a cache selects on the host (the cache
+    /// is looked up per drawn slot there); GPU-drawn rows are read
+    /// zero-copy.
     pub fn cache(mut self, entries: usize, admit_after: u64) -> Self {
         self.cache_entries = entries;
         self.cache_admit_after = admit_after.max(1);
