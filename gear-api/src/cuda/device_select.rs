@@ -112,10 +112,17 @@ impl DeviceSelection {
             priority: c.priority,
             len: c.len,
         }));
-        self.slots.sync(rule, &self.updates)?;
         let seed = self.rng.next_u64();
         let random_start = self.random_start.then(|| self.rng.next_u64());
-        collector.gather_drawn(view, &mut self.slots, rule, seed, random_start, &mut self.drawn[i], batch)?;
+        let queued = self.slots.sync(rule, &self.updates).and_then(|()| {
+            collector.gather_drawn(view, &mut self.slots, rule, seed, random_start, &mut self.drawn[i], batch)
+        });
+        if let Err(e) = queued {
+            // The device arrays may have missed this sync: the next batch
+            // describes and writes every slot again.
+            self.cursor = DeviceCursor::default();
+            return Err(e.into());
+        }
         self.in_flight[i] = Some(deadline);
         self.batches += 1;
         Ok(true)
