@@ -164,6 +164,18 @@ static void op_scatter() {
     for (auto v : dst) wrf(v);
 }
 
+static void op_scatter_u64() {
+    gear_u64 gx = rd(), bx = rd();
+    gear_u64 n = rd(), m = rd();
+    std::vector<gear_u64> dst(n), val(m);
+    std::vector<gear_u32> idx(m);
+    for (auto& v : dst) v = rd();
+    for (auto& v : idx) v = (gear_u32)rd();
+    for (auto& v : val) v = rd();
+    gear_launch(dims(gx, 1), dims(bx, 1), [&] { gear_scatter_u64(idx.data(), val.data(), m, dst.data()); });
+    for (auto v : dst) wr(v);
+}
+
 // The device-side draw into the gather: prefix passes and draws (or the
 // top-k network when topk != 0), gear_drawn_rows filling the gather's row
 // tables, and gear_gather reading them, as CudaCollector::gather_drawn
@@ -271,6 +283,7 @@ int main() {
             case 3: op_topk(); break;
             case 4: op_scatter(); break;
             case 5: op_drawn(); break;
+            case 6: op_scatter_u64(); break;
             default: die("unknown op");
         }
     }
