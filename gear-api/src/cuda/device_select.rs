@@ -118,8 +118,10 @@ impl DeviceSelection {
             collector.gather_drawn(view, &mut self.slots, rule, seed, random_start, &mut self.drawn[i], batch)
         });
         if let Err(e) = queued {
-            // The device arrays may have missed this sync: the next batch
-            // describes and writes every slot again.
+            // Nothing was drawn: the batch goes back to the rate limiter,
+            // and since the device arrays may have missed this sync, the
+            // next batch describes and writes every slot again.
+            table.unadmit_device_draw(rows);
             self.cursor = DeviceCursor::default();
             return Err(e.into());
         }

@@ -14,7 +14,7 @@
 //! priority and published length), so replaying is idempotent and an
 //! update from any process reaches the device before the next draw.
 
-use super::shared::add;
+use super::shared::{add, sub};
 use super::ReplayTable;
 use crate::error::Result;
 use gear_core::{target, SelectionRule, SlotKey, SlotState};
@@ -139,6 +139,18 @@ impl ReplayTable {
     }
 }
 
+impl ReplayTable {
+    /// Gives back to the rate limiter a batch of `n` rows that
+    /// [`ReplayTable::admit_device_draw`] admitted but the device never
+    /// drew (its draw or gather failed to queue).
+    pub(crate) fn unadmit_device_draw(&self, n: usize) {
+        if let Ok(l) = self.shared.lock(None) {
+            sub(&l.ctl().samples, n as u64);
+            l.wake();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +228,17 @@ mod tests {
         for k in keys {
             assert!(changed.contains(&DeviceSlot { slot: k.slot, key: Some(k), priority: 1.0, len: 1 }), "{k}");
         }
+    }
+
+    #[test]
+    fn a_batch_the_device_never_drew_is_given_back_to_the_limiter() {
+        let t = table(StrategyKind::Uniform, 3);
+        insert(&t, 1, 1.0);
+        let mut c = DeviceCursor::default();
+        admit(&t, &mut c);
+        assert_eq!(t.info().unwrap().samples, 1);
+        t.unadmit_device_draw(1);
+        assert_eq!(t.info().unwrap().samples, 0);
     }
 
     #[test]
