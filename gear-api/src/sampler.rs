@@ -147,6 +147,9 @@ pub(crate) struct Draws {
     redraws: Vec<(Sampled, u64)>,
     rows: Vec<GatherRow>,
     torn: Vec<usize>,
+    /// Rows of an adopted batch ([`Draws::adopt`]) drawn by nothing: torn
+    /// from the start, ascending.
+    missing: Vec<usize>,
     /// This sampler's random stream and selection buffers.
     selection: Selection,
     /// Bytes of every column of one step, summed over requested columns.
@@ -197,6 +200,7 @@ impl Draws {
             redraws: Vec::new(),
             rows: Vec::with_capacity(n),
             torn: Vec::new(),
+            missing: Vec::new(),
             selection,
             random_starts,
         };
@@ -230,6 +234,7 @@ impl Draws {
         timeout: Option<Duration>,
     ) -> Result<()> {
         self.draws.clear();
+        self.missing.clear();
         self.selection.retiring.clear();
         let result = self.draw_and_start(table, copy, timeout);
         if result.is_err() {
@@ -302,11 +307,12 @@ impl Draws {
     fn validate<C: Collector>(&mut self, table: &ReplayTable, copy: &mut Gather<'_, C>) -> Result<()> {
         let n = self.layout.rows();
         let slots = table.shared.region.slots();
+        let missing = std::mem::take(&mut self.missing);
         for attempt in 1..=MAX_COPY_ATTEMPTS {
             self.torn.clear();
             self.torn.extend((0..n).filter(|&r| {
                 let key = self.draws[r].0.key;
-                !slots[key.slot as usize].read_validate(key)
+                (attempt == 1 && missing.binary_search(&r).is_ok()) || !slots[key.slot as usize].read_validate(key)
             }));
             if self.torn.is_empty() {
                 return Ok(());
@@ -324,6 +330,52 @@ impl Draws {
             copy.again(&self.layout, &self.rows, &self.torn)?;
         }
         Err(Error::Torn { attempts: MAX_COPY_ATTEMPTS })
+    }
+
+    /// This sampler's seed (other streams of the sampler derive from it).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn seed(&self) -> u64 {
+        self.selection.seed
+    }
+
+    /// Takes over a batch drawn, admitted and being gathered elsewhere (on
+    /// a device) in place of [`Draws::start`]: row `r` is `drawn[r]`, its
+    /// draw and the stored length its gather used, or `None` when nothing
+    /// was drawn for it. [`Draws::finish`] then validates it as a host
+    /// draw, redrawing here (and regathering) torn rows, rows drawn by
+    /// nothing and rows whose key was no longer readable when adopted;
+    /// redraws share `deadline`. Counts one sample of each readable row.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn adopt(
+        &mut self,
+        table: &ReplayTable,
+        deadline: Option<Instant>,
+        drawn: impl ExactSizeIterator<Item = Option<(Sampled, u64)>>,
+    ) -> Result<()> {
+        let n = self.layout.rows();
+        if drawn.len() != n {
+            return Err(Error::Config(format!("{} rows adopted for a batch of {n}", drawn.len())));
+        }
+        self.deadline = deadline;
+        self.draws.clear();
+        self.rows.clear();
+        self.missing.clear();
+        self.selection.retiring.clear();
+        let slots = table.shared.region.slots();
+        for (r, d) in drawn.enumerate() {
+            let readable =
+                d.filter(|(s, _)| slots.get(s.key.slot as usize).is_some_and(|rec| rec.read_begin(s.key).is_some()));
+            if let Some((s, _)) = readable {
+                slots[s.key.slot as usize].add_sampled();
+            }
+            let (s, len) = readable.unwrap_or_else(|| {
+                self.missing.push(r);
+                (Sampled { key: SlotKey { slot: 0, generation: 0 }, probability: 0.0, weight: 0.0 }, 0)
+            });
+            self.draws.push((s, len));
+            self.rows.push(GatherRow { slot: s.key.slot, len });
+        }
+        Ok(())
     }
 
     /// The gather row of a drawn key whose trajectory has `len` published

@@ -403,3 +403,127 @@ fn gpu_selection_follows_priority_updates() {
         assert!(sampler.batch().probabilities().iter().all(|&p| (p - 1.0).abs() < 1e-12));
     }
 }
+
+/// Writes `priorities.len()` trajectories of 5 steps with these priorities.
+fn write_with_priorities(table: &ReplayTable, priorities: &[f64]) -> (Vec<SlotKey>, HashMap<SlotKey, u64>) {
+    let mut keys = Vec::new();
+    let mut lens = HashMap::new();
+    for (id, &p) in priorities.iter().enumerate() {
+        let mut traj = table.writer().begin(Some(p)).unwrap();
+        for s in 0..5u64 {
+            let obs: Vec<u8> = (0..37u8).map(|i| (id as u8) ^ i ^ s as u8).collect();
+            traj.append_step(&[
+                StepValue::typed(&obs),
+                StepValue::typed(&[id as i32]),
+                StepValue::typed(&[s as f64, id as f64]),
+            ])
+            .unwrap();
+        }
+        let key = traj.end().unwrap();
+        lens.insert(key, 5);
+        keys.push(key);
+    }
+    (keys, lens)
+}
+
+/// Tables built with the ordinary strategies select on the GPU without
+/// asking (uniform, prioritized, max-heap), with the host strategy's
+/// probabilities and weights; FIFO, a device cache and
+/// `host_selection(true)` select on the host.
+#[test]
+fn builtin_strategies_select_on_the_gpu_with_the_host_weights() {
+    use gear_api::gear_sampler::{StrategyKind, StrategyParams};
+    if !device_or_skip() {
+        return;
+    }
+    let priorities = [1.0, 2.0, 3.0, 0.5, 4.0, 6.0, 0.25, 8.0];
+    let params = StrategyParams { alpha: 0.7, beta: 0.5, stratified: true };
+    for kind in [StrategyKind::Uniform, StrategyKind::Prioritized, StrategyKind::MaxHeap, StrategyKind::Fifo] {
+        let table = ReplayTable::builder(spec(12, 8)).sampler_kind(kind, params).seed(21).build().unwrap();
+        let (keys, lens) = write_with_priorities(&table, &priorities);
+        let mass: Vec<f64> =
+            priorities.iter().map(|&p| if kind == StrategyKind::Uniform { 1.0 } else { p.powf(0.7) }).collect();
+        let total: f64 = mass.iter().sum();
+        let min = mass.iter().copied().fold(f64::INFINITY, f64::min);
+        let config = SampleConfig::new(64, WindowSpec::last(4));
+        let mut sampler = table.cuda_sampler(config.clone(), CudaSamplerOptions::default()).unwrap();
+        assert_eq!(sampler.selects_on_device(), kind != StrategyKind::Fifo, "{kind}");
+        let none = HashMap::new();
+        for round in 0..5 {
+            sampler.sample().unwrap();
+            let drawn = check_last_batch(&sampler, &lens, &none, &format!("{kind} round {round}"));
+            let batch = sampler.batch();
+            for (r, key) in drawn.iter().enumerate() {
+                let i = keys.iter().position(|k| k == key).expect("a written key");
+                let (p, w) = (batch.probabilities()[r], batch.weights()[r]);
+                match kind {
+                    StrategyKind::Uniform => assert_eq!((p, w), (1.0 / 8.0, 1.0), "{kind}"),
+                    StrategyKind::Prioritized => {
+                        assert!((p - mass[i] / total).abs() < 1e-12, "{kind}: P({i}) = {p}");
+                        assert!((w - (min / mass[i]).powf(0.5)).abs() < 1e-12, "{kind}: weight of {i} = {w}");
+                    }
+                    StrategyKind::MaxHeap => {
+                        assert_eq!((p, w), (1.0, 1.0));
+                        // 8 distinct priorities: rows are the ranking, repeated.
+                        let mut order: Vec<usize> = (0..8).collect();
+                        order.sort_by(|&a, &b| priorities[b].total_cmp(&priorities[a]));
+                        assert_eq!(i, order[r % 8], "{kind}: row {r}");
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(sampler.device_batches() > 0, kind != StrategyKind::Fifo, "{kind}");
+        let cached = table.cuda_sampler(config.clone(), CudaSamplerOptions::default().cache(4, 1)).unwrap();
+        assert!(!cached.selects_on_device(), "{kind}: a device cache selects on the host");
+        let host = table.cuda_sampler(config, CudaSamplerOptions::default().host_selection(true)).unwrap();
+        assert!(!host.selects_on_device());
+    }
+}
+
+/// Priority updates made through another handle of a shared table (as
+/// another process would) reach the device mirror before the next draw;
+/// when every priority is zero the device draws nothing and the host draws
+/// the rows (uniformly, as the strategy does), so batches keep coming.
+#[test]
+fn gpu_selection_follows_updates_from_another_handle() {
+    use gear_api::gear_sampler::{StrategyKind, StrategyParams};
+    if !device_or_skip() {
+        return;
+    }
+    let name = format!("gear-test-cuda-devsel-{}", std::process::id());
+    let params = StrategyParams { alpha: 1.0, beta: 0.0, stratified: false };
+    let table = ReplayTable::builder(spec(12, 8))
+        .sampler_kind(StrategyKind::Prioritized, params)
+        .shared_memory(name.clone())
+        .build()
+        .unwrap();
+    let (keys, lens) = write_with_priorities(&table, &[1.0; 8]);
+    let other = ReplayTable::attach(&name, Default::default()).unwrap();
+    let mut sampler = table.cuda_sampler(SampleConfig::new(32, WindowSpec::last(4)), Default::default()).unwrap();
+    assert!(sampler.selects_on_device());
+    let none = HashMap::new();
+    sampler.sample().unwrap();
+    let only = |i: usize| -> Vec<(SlotKey, f64)> {
+        keys.iter().enumerate().map(|(j, &k)| (k, if j == i { 3.0 } else { 0.0 })).collect()
+    };
+    for (round, i) in [5usize, 2, 7].into_iter().enumerate() {
+        assert_eq!(other.update_priorities(&only(i)).unwrap(), 8);
+        // The batch prefetched before the update may still hold old rows;
+        // the one drawn after it follows the update.
+        sampler.sample().unwrap();
+        sampler.sample().unwrap();
+        let drawn = check_last_batch(&sampler, &lens, &none, &format!("round {round}"));
+        assert!(drawn.iter().all(|&k| k == keys[i]), "round {round}: {drawn:?}");
+        assert!(sampler.batch().probabilities().iter().all(|&p| p == 1.0));
+    }
+    let before = sampler.device_batches();
+    let zeros: Vec<(SlotKey, f64)> = keys.iter().map(|&k| (k, 0.0)).collect();
+    assert_eq!(other.update_priorities(&zeros).unwrap(), 8);
+    sampler.sample().unwrap();
+    sampler.sample().unwrap();
+    let drawn = check_last_batch(&sampler, &lens, &none, "all zero");
+    assert_eq!(drawn.len(), 32);
+    assert!(sampler.batch().probabilities().iter().all(|&p| p == 1.0 / 8.0), "the strategy's uniform fallback");
+    assert!(sampler.device_batches() > before, "still drawn on the device first");
+}

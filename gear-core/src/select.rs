@@ -23,6 +23,35 @@ pub struct Sampled {
     pub weight: f64,
 }
 
+/// The rule a strategy draws by, stated so that another implementation (a
+/// GPU kernel over device copies of the priorities) can draw exactly as the
+/// strategy would: same rows' distribution, same probabilities and
+/// importance weights. A strategy names its rule through
+/// [`Selector::selection_rule`]; strategies that name none are only ever
+/// run by their own code.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SelectionRule {
+    /// Uniform with replacement over the held items: probability `1/N`,
+    /// weight 1, priorities ignored.
+    Uniform,
+    /// Proportional to priority: mass `m_i = p_i^alpha` for `p_i > 0` and 0
+    /// for `p_i = 0`, `P(i) = m_i / sum m`, weight `(m_min / m_i)^beta` with
+    /// `m_min` the smallest positive mass; with `stratified`, draw `d` of
+    /// `n` comes from the `d`-th of `n` equal segments of the total. When
+    /// every mass is zero the strategy draws uniformly (its own code).
+    Proportional {
+        /// Priority exponent.
+        alpha: f64,
+        /// Importance-sampling exponent.
+        beta: f64,
+        /// Stratified batches.
+        stratified: bool,
+    },
+    /// The highest priorities first, distinct while they last, then again
+    /// from the first; probability and weight 1.
+    TopK,
+}
+
 /// A selection strategy over the committed trajectories of one table.
 ///
 /// Contract (checked by the conformance tests in `tests`):
@@ -84,6 +113,15 @@ pub trait Selector: Send + Sync {
         let _ = (n, rng, out);
         None
     }
+
+    /// The rule this strategy draws by, when it is one another
+    /// implementation can run (see [`SelectionRule`]); asked before every
+    /// batch, so a rule whose exponents change (an annealed `beta`) is
+    /// followed. The default, `None`, keeps selection in the strategy's own
+    /// code.
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        None
+    }
 }
 
 impl<S: Selector + ?Sized> Selector for Box<S> {
@@ -110,6 +148,9 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     }
     fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
         (**self).sample_shared(n, rng, out)
+    }
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        (**self).selection_rule()
     }
 }
 

@@ -10,6 +10,13 @@ extern "C" __global__ void gear_scatter_f64(const gear_u32* __restrict__ idx, co
     for (gear_u64 i = gear_thread_x(); i < m; i += gear_threads_x()) dst[idx[i]] = val[i];
 }
 
+// The same for 64-bit words (device slot keys and lengths); indices
+// distinct as above.
+extern "C" __global__ void gear_scatter_u64(const gear_u32* __restrict__ idx, const gear_u64* __restrict__ val,
+                                            gear_u64 m, gear_u64* __restrict__ dst) {
+    for (gear_u64 i = gear_thread_x(); i < m; i += gear_threads_x()) dst[idx[i]] = val[i];
+}
+
 // Top-k by a bitonic sort of slot indices (Batcher's network), best first.
 // Order: higher priority first, ties by lower slot index; empty slots
 // (negative priority) and the padding up to a power of two m (index

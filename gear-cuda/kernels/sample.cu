@@ -113,9 +113,12 @@ __device__ __forceinline__ gear_u64 gear_first_at_least(const double* prefix, ge
     return lo;
 }
 
-// Draws. Requires stats[0] > 0 (checked on the host). Outputs per draw:
-// the slot, P(slot) = w/total, and the importance weight
-// (N*P)^-beta / (N*P_min)^-beta = (w_min / w)^beta.
+// Draws. Outputs per draw: the slot, P(slot) = w/total, and the importance
+// weight (N*P)^-beta / (N*P_min)^-beta = (w_min / w)^beta. When the total is
+// not a positive finite number (every weight zero, or an overflow) there is
+// nothing to draw from: every draw is slot 0xffffffff with probability and
+// weight 0, which gear_drawn_rows turns into rows without a key (the host
+// draws those rows itself).
 extern "C" __global__ void gear_sample_draws(const double* __restrict__ prio, const double* __restrict__ prefix,
                                              gear_u64 n, double alpha, double beta,
                                              const double* __restrict__ stats, gear_u64 seed, gear_u64 draws,
@@ -123,7 +126,15 @@ extern "C" __global__ void gear_sample_draws(const double* __restrict__ prio, co
                                              double* __restrict__ out_prob, double* __restrict__ out_weight) {
     const double total = stats[0];
     const double wmin = stats[1];
+    // total - total is 0 only for a finite total.
+    const bool drawable = total > 0.0 && total - total == 0.0;
     for (gear_u64 d = gear_thread_x(); d < draws; d += gear_threads_x()) {
+        if (!drawable) {
+            out_slot[d] = 0xffffffffu;
+            out_prob[d] = 0.0;
+            out_weight[d] = 0.0;
+            continue;
+        }
         const gear_u64 bits = gear_splitmix64_at(seed, d);
         const double u = (double)(bits >> 11) * (1.0 / 9007199254740992.0);
         double x = stratified ? (((double)d + u) / (double)draws) * total : u * total;
@@ -137,5 +148,57 @@ extern "C" __global__ void gear_sample_draws(const double* __restrict__ prio, co
         out_slot[d] = (gear_u32)i;
         out_prob[d] = w / total;
         out_weight[d] = beta == 0.0 ? 1.0 : pow(wmin / w, beta);
+    }
+}
+
+// A row without a key (see gear_drawn_rows).
+#define GEAR_NO_KEY 0xffffffffffffffffULL
+
+// Turns draws made on the device into the gather's row tables, so the draw
+// never leaves the device before the gather reads it. Row r takes draw
+// drawn[r % ndrawn] (top-k repeats its k best from the first; proportional
+// draws have ndrawn == rows). slot_key[s] is slot s's key as
+// generation << 32 | slot (GEAR_NO_KEY: nothing drawable there) and
+// slot_len[s] its stored length (<= T, checked on the host when the slot
+// was uploaded). With random_start, a trajectory of k > w_len steps is cut
+// to w_len + u steps, u uniform in [0, k - w_len] from splitmix64 keyed by
+// (seed, r), so the window of its last w_len steps starts uniformly.
+//
+// Writes row_tab[r] = the slot's base address (data_base + s * stride) and
+// row_tab[rows + r] = the length the gather uses (gear_gather's row_src and
+// row_len tables), and the host's copy out[0..4 rows): the key, that
+// length, and the draw's probability and weight as f64 bits (1 and 1 when
+// draw_prob/draw_weight are null: top-k). A draw outside the table, or on
+// a slot without a key, gives a row of key GEAR_NO_KEY and length 0 (the
+// gather writes zeros), which the host redraws.
+extern "C" __global__ void gear_drawn_rows(const gear_u32* __restrict__ drawn, gear_u64 ndrawn, gear_u64 rows,
+                                           const gear_u64* __restrict__ slot_key,
+                                           const gear_u64* __restrict__ slot_len, gear_u64 capacity,
+                                           gear_u64 data_base, gear_u64 stride, gear_u64 w_len,
+                                           gear_u32 random_start, gear_u64 seed,
+                                           const double* __restrict__ draw_prob,
+                                           const double* __restrict__ draw_weight, gear_u64* __restrict__ row_tab,
+                                           gear_u64* __restrict__ out) {
+    double* out_f = (double*)out;
+    for (gear_u64 r = gear_thread_x(); r < rows; r += gear_threads_x()) {
+        const gear_u64 s = ndrawn == 0 ? capacity : (gear_u64)drawn[r % ndrawn];
+        gear_u64 key = GEAR_NO_KEY;
+        gear_u64 k = 0;
+        gear_u64 base = data_base;
+        double p = 0.0, w = 0.0;
+        if (s < capacity && slot_key[s] != GEAR_NO_KEY) {
+            key = slot_key[s];
+            k = slot_len[s];
+            base = data_base + s * stride;
+            if (random_start && k > w_len) k = w_len + gear_splitmix64_at(seed, r) % (k - w_len + 1ULL);
+            p = draw_prob ? draw_prob[r] : 1.0;
+            w = draw_weight ? draw_weight[r] : 1.0;
+        }
+        row_tab[r] = base;
+        row_tab[rows + r] = k;
+        out[r] = key;
+        out[rows + r] = k;
+        out_f[2 * rows + r] = p;
+        out_f[3 * rows + r] = w;
     }
 }

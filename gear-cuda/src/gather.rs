@@ -26,9 +26,9 @@ use std::sync::Arc;
 /// from a device cache.
 #[derive(Clone)]
 pub struct CudaCollector {
-    device: CudaDevice,
-    stream: Arc<CudaStream>,
-    cache: Option<Arc<dyn RowCache>>,
+    pub(crate) device: CudaDevice,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) cache: Option<Arc<dyn RowCache>>,
 }
 
 impl std::fmt::Debug for CudaCollector {
@@ -40,16 +40,16 @@ impl std::fmt::Debug for CudaCollector {
 /// A batch in device memory: one buffer per requested column, the valid
 /// lengths, and the event recorded after the gather that filled it.
 pub struct CudaBatch {
-    layout: BatchLayout,
-    columns: Vec<DeviceMemory>,
-    lengths_dev: DeviceMemory,
-    lengths: Vec<u64>,
+    pub(crate) layout: BatchLayout,
+    pub(crate) columns: Vec<DeviceMemory>,
+    pub(crate) lengths_dev: DeviceMemory,
+    pub(crate) lengths: Vec<u64>,
     /// Device copy of the plan's word table.
-    args: DeviceMemory,
-    event: CudaEvent,
+    pub(crate) args: DeviceMemory,
+    pub(crate) event: CudaEvent,
     /// The stream of the last gather into this batch.
-    last_stream: Option<Arc<CudaStream>>,
-    cached_rows: usize,
+    pub(crate) last_stream: Option<Arc<CudaStream>>,
+    pub(crate) cached_rows: usize,
 }
 
 impl std::fmt::Debug for CudaBatch {

@@ -63,8 +63,12 @@ impl KernelSource {
     pub const fn entry_points(self) -> &'static [&'static str] {
         match self {
             KernelSource::Gather => &["gear_gather"],
-            KernelSource::Sample => &["gear_prio_chunks", "gear_prio_scan", "gear_prio_prefix", "gear_sample_draws"],
-            KernelSource::Priority => &["gear_scatter_f64", "gear_topk_init", "gear_topk_step", "gear_topk_emit"],
+            KernelSource::Sample => {
+                &["gear_prio_chunks", "gear_prio_scan", "gear_prio_prefix", "gear_sample_draws", "gear_drawn_rows"]
+            }
+            KernelSource::Priority => {
+                &["gear_scatter_f64", "gear_scatter_u64", "gear_topk_init", "gear_topk_step", "gear_topk_emit"]
+            }
         }
     }
 }
@@ -82,8 +86,12 @@ pub enum KernelFn {
     PrioPrefix,
     /// `gear_sample_draws`.
     SampleDraws,
+    /// `gear_drawn_rows`.
+    DrawnRows,
     /// `gear_scatter_f64`.
     ScatterF64,
+    /// `gear_scatter_u64`.
+    ScatterU64,
     /// `gear_topk_init`.
     TopkInit,
     /// `gear_topk_step`.
@@ -94,13 +102,15 @@ pub enum KernelFn {
 
 impl KernelFn {
     /// Every kernel.
-    pub const ALL: [KernelFn; 9] = [
+    pub const ALL: [KernelFn; 11] = [
         KernelFn::Gather,
         KernelFn::PrioChunks,
         KernelFn::PrioScan,
         KernelFn::PrioPrefix,
         KernelFn::SampleDraws,
+        KernelFn::DrawnRows,
         KernelFn::ScatterF64,
+        KernelFn::ScatterU64,
         KernelFn::TopkInit,
         KernelFn::TopkStep,
         KernelFn::TopkEmit,
@@ -110,12 +120,16 @@ impl KernelFn {
     pub const fn source(self) -> KernelSource {
         match self {
             KernelFn::Gather => KernelSource::Gather,
-            KernelFn::PrioChunks | KernelFn::PrioScan | KernelFn::PrioPrefix | KernelFn::SampleDraws => {
-                KernelSource::Sample
-            }
-            KernelFn::ScatterF64 | KernelFn::TopkInit | KernelFn::TopkStep | KernelFn::TopkEmit => {
-                KernelSource::Priority
-            }
+            KernelFn::PrioChunks
+            | KernelFn::PrioScan
+            | KernelFn::PrioPrefix
+            | KernelFn::SampleDraws
+            | KernelFn::DrawnRows => KernelSource::Sample,
+            KernelFn::ScatterF64
+            | KernelFn::ScatterU64
+            | KernelFn::TopkInit
+            | KernelFn::TopkStep
+            | KernelFn::TopkEmit => KernelSource::Priority,
         }
     }
 
@@ -127,7 +141,9 @@ impl KernelFn {
             KernelFn::PrioScan => "gear_prio_scan",
             KernelFn::PrioPrefix => "gear_prio_prefix",
             KernelFn::SampleDraws => "gear_sample_draws",
+            KernelFn::DrawnRows => "gear_drawn_rows",
             KernelFn::ScatterF64 => "gear_scatter_f64",
+            KernelFn::ScatterU64 => "gear_scatter_u64",
             KernelFn::TopkInit => "gear_topk_init",
             KernelFn::TopkStep => "gear_topk_step",
             KernelFn::TopkEmit => "gear_topk_emit",

@@ -46,6 +46,7 @@
 pub mod bench;
 pub mod cache;
 pub mod device;
+pub mod drawn;
 mod error;
 mod ffi;
 pub mod gather;
@@ -59,6 +60,7 @@ pub mod select;
 
 pub use cache::{DeviceCache, RowCache};
 pub use device::{CudaDevice, KernelOrigin};
+pub use drawn::{DeviceSlots, DrawnRow, DrawnRows, SlotMirror, SlotUpdate};
 pub use error::{Error, Result};
 pub use gather::{CudaBatch, CudaCollector};
 pub use memory::{DeviceMemory, PinnedMemory, RegisteredRegion};

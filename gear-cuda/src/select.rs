@@ -17,7 +17,7 @@ use crate::kernels::KernelFn;
 use crate::memory::DeviceMemory;
 use crate::plan;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
-use gear_core::{check_priority, RandomSource, Sampled, Selector, SlotKey};
+use gear_core::{check_priority, RandomSource, Sampled, SelectionRule, Selector, SlotKey};
 use std::sync::Arc;
 
 /// Proportional draws from [`DevicePriorities::sample`], copied to the host.
@@ -87,10 +87,18 @@ impl std::fmt::Debug for DevicePriorities {
 impl DevicePriorities {
     /// Priorities for `capacity` slots, all empty, on the device's stream.
     pub fn new(device: &CudaDevice, capacity: u64) -> Result<Self> {
+        Self::on_stream(device, capacity, device.stream().clone())
+    }
+
+    /// Priorities for `capacity` slots, all empty, with their work queued
+    /// on `stream` (which must belong to the device's context).
+    pub fn on_stream(device: &CudaDevice, capacity: u64, stream: Arc<CudaStream>) -> Result<Self> {
         if capacity == 0 || capacity > u64::from(u32::MAX) {
             return Err(Error::InvalidArgument(format!("priority capacity {capacity} not in 1..=2^32-1")));
         }
-        let stream = device.stream().clone();
+        if **stream.context() != **device.context() {
+            return Err(Error::InvalidArgument("stream belongs to another device context".into()));
+        }
         let (_, nchunks) = plan::prio_chunks(capacity);
         let prio = device.alloc(capacity * 8)?;
         // Empty slots hold -1.0 (weight 0).
@@ -163,9 +171,23 @@ impl DevicePriorities {
         Ok(from_f64s(&self.prio.to_vec()?))
     }
 
+    /// The stream this work is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Recomputes prefix sums of `p^alpha` if priorities or alpha changed;
     /// returns (total, smallest positive weight or -1).
     fn prefix(&mut self, alpha: f64) -> Result<(f64, f64)> {
+        self.queue_prefix(alpha)?;
+        self.stream.synchronize()?;
+        let s = from_f64s(&self.stats.to_vec()?);
+        Ok((s[0], s[1]))
+    }
+
+    /// Queues the prefix sums of `p^alpha` (and the total and smallest
+    /// positive weight in device memory) if priorities or alpha changed.
+    fn queue_prefix(&mut self, alpha: f64) -> Result<()> {
         if self.prefix_alpha != Some(alpha) {
             let n = self.capacity;
             let (chunk_len, nchunks) = plan::prio_chunks(n);
@@ -195,9 +217,63 @@ impl DevicePriorities {
             unsafe { b.launch(cfg_1d(nchunks)) }?;
             self.prefix_alpha = Some(alpha);
         }
-        self.stream.synchronize()?;
-        let s = from_f64s(&self.stats.to_vec()?);
-        Ok((s[0], s[1]))
+        Ok(())
+    }
+
+    /// Queues `draws` proportional draws into device buffers, with no wait
+    /// and no copy to the host: slots to `out_slot` (`u32` each),
+    /// probabilities and weights to `out_prob` and `out_weight` (`f64`
+    /// each), as [`DevicePriorities::sample`] computes them. When the
+    /// weights do not sum to a positive finite total the kernel writes slot
+    /// `u32::MAX` (probability and weight 0) for every draw: the caller
+    /// finds those rows keyless and draws them otherwise.
+    ///
+    /// # Safety
+    /// The three buffers are device allocations of this context holding at
+    /// least `draws` entries, alive until the stream has passed the launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn queue_draws(
+        &mut self,
+        draws: u64,
+        alpha: f64,
+        beta: f64,
+        seed: u64,
+        stratified: bool,
+        out_slot: u64,
+        out_prob: u64,
+        out_weight: u64,
+    ) -> Result<()> {
+        if !(alpha.is_finite() && alpha >= 0.0 && beta.is_finite() && beta >= 0.0) {
+            return Err(Error::InvalidArgument(format!("alpha {alpha} and beta {beta} must be finite and >= 0")));
+        }
+        self.queue_prefix(alpha)?;
+        if draws == 0 {
+            return Ok(());
+        }
+        let (prio, prefix, stats) = (self.prio.device_addr(), self.prefix.device_addr(), self.stats.device_addr());
+        let cap = self.capacity;
+        let strat = u32::from(stratified);
+        let f = self.device.function(KernelFn::SampleDraws)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&prio)
+            .arg(&prefix)
+            .arg(&cap)
+            .arg(&alpha)
+            .arg(&beta)
+            .arg(&stats)
+            .arg(&seed)
+            .arg(&draws)
+            .arg(&strat)
+            .arg(&out_slot)
+            .arg(&out_prob)
+            .arg(&out_weight);
+        // SAFETY: matches gear_sample_draws(f64*, f64*, u64, f64, f64, f64*,
+        // u64, u64, u32, u32*, f64*, f64*); prio/prefix have `cap` entries
+        // (prefix queued above for this alpha), stats two; the kernel checks
+        // the total itself; the outputs hold `draws` entries (the caller's
+        // obligation).
+        unsafe { b.launch(cfg_1d(draws)) }?;
+        Ok(())
     }
 
     /// `n` proportional draws with `P(i) = p_i^alpha / sum p^alpha`,
@@ -267,12 +343,38 @@ impl DevicePriorities {
         if k == 0 {
             return Ok(Vec::new());
         }
-        let n = self.capacity;
-        let k = (k as u64).min(n);
-        let (m, steps) = plan::topk_network(n);
-        let idx_addr = ensure(&mut self.topk_idx, &self.device, &self.stream, m * 4)?;
+        let k = (k as u64).min(self.capacity);
         let slot_addr = ensure(&mut self.out_slot, &self.device, &self.stream, k * 4)?;
         let prob_addr = ensure(&mut self.out_prob, &self.device, &self.stream, k * 8)?;
+        // SAFETY: both outputs were just sized for `k` entries and live in
+        // `self`, which waits for the stream before freeing them.
+        unsafe { self.queue_top_k(k, slot_addr, prob_addr) }?;
+        self.stream.synchronize()?;
+        let mut slots = vec![0u8; k as usize * 4];
+        let mut prios = vec![0u8; k as usize * 8];
+        self.out_slot.as_ref().expect("ensured").read(0, &mut slots)?;
+        self.out_prob.as_ref().expect("ensured").read(0, &mut prios)?;
+        // Occupied slots sort first; the first empty entry ends the list.
+        let got = from_f64s(&prios).iter().take_while(|&&p| p >= 0.0).count();
+        slots.truncate(got * 4);
+        prios.truncate(got * 8);
+        Ok(slots.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).zip(from_f64s(&prios)).collect())
+    }
+
+    /// Queues the top-`k` selection (`k <= capacity`) with no wait: the
+    /// best `k` slots to `out_slot` (`u32`) and their priorities to
+    /// `out_prio` (`f64`), best first; empty entries are `(u32::MAX, -1)`.
+    ///
+    /// # Safety
+    /// Both buffers are device allocations of this context holding at
+    /// least `k` entries, alive until the stream has passed the launches.
+    pub(crate) unsafe fn queue_top_k(&mut self, k: u64, slot_addr: u64, prob_addr: u64) -> Result<()> {
+        let n = self.capacity;
+        if k == 0 || k > n {
+            return Err(Error::InvalidArgument(format!("top-{k} of {n} slots")));
+        }
+        let (m, steps) = plan::topk_network(n);
+        let idx_addr = ensure(&mut self.topk_idx, &self.device, &self.stream, m * 4)?;
         let prio = self.prio.device_addr();
         let f = self.device.function(KernelFn::TopkInit)?;
         let mut b = self.stream.launch_builder(&f);
@@ -291,18 +393,9 @@ impl DevicePriorities {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&prio).arg(&n).arg(&idx_addr).arg(&k).arg(&slot_addr).arg(&prob_addr);
         // SAFETY: matches gear_topk_emit(f64*, u64, u32*, u64, u32*, f64*);
-        // k <= n <= m, outputs hold k entries.
+        // k <= n <= m, outputs hold k entries (the caller's obligation).
         unsafe { b.launch(cfg_1d(k)) }?;
-        self.stream.synchronize()?;
-        let mut slots = vec![0u8; k as usize * 4];
-        let mut prios = vec![0u8; k as usize * 8];
-        self.out_slot.as_ref().expect("ensured").read(0, &mut slots)?;
-        self.out_prob.as_ref().expect("ensured").read(0, &mut prios)?;
-        // Occupied slots sort first; the first empty entry ends the list.
-        let got = from_f64s(&prios).iter().take_while(|&&p| p >= 0.0).count();
-        slots.truncate(got * 4);
-        prios.truncate(got * 8);
-        Ok(slots.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).zip(from_f64s(&prios)).collect())
+        Ok(())
     }
 }
 
@@ -467,6 +560,11 @@ impl Selector for CudaPrioritized {
         "cuda-prioritized"
     }
 
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        let (alpha, beta, stratified) = (self.alpha, self.beta, self.stratified);
+        Some(SelectionRule::Proportional { alpha, beta, stratified })
+    }
+
     fn prepare(&mut self, capacity: u64) -> gear_core::Result<()> {
         self.prios = Some(DevicePriorities::new(&self.device, capacity)?);
         self.keys.prepare(capacity);
@@ -570,6 +668,9 @@ impl CudaTopK {
 impl Selector for CudaTopK {
     fn name(&self) -> &str {
         "cuda-topk"
+    }
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        Some(SelectionRule::TopK)
     }
     fn prepare(&mut self, capacity: u64) -> gear_core::Result<()> {
         self.inner.prepare(capacity)

@@ -1,7 +1,8 @@
 //! Tests that need a CUDA device. Without one (or without NVRTC) each test
 //! prints "skipped: no CUDA device" and passes, unless GEAR_REQUIRE_GPU=1,
-//! where a skip fails. None of these has run on real hardware yet; see
-//! gear-cuda/README.md for running them on a GPU machine.
+//! where a skip fails. All but `device_draws_gather_the_rows_they_name`
+//! (added after) passed on an H100 on 2026-11-22; see gear-cuda/README.md
+//! for running them on a GPU machine.
 
 mod common;
 
@@ -336,4 +337,72 @@ fn bench_runs_and_both_gathers_agree() {
     println!("{report}");
     assert!(report.outputs_match);
     assert!(report.zero_copy.gb_per_s > 0.0 && report.device_cache.gb_per_s > 0.0);
+}
+
+/// Draws made on the device go into the gather without a host round trip:
+/// every row read back names a slot the mirror holds, with its length, and
+/// the batch equals the CPU gather of those rows; the top-k rule returns
+/// the best slots in order; a mirror synced again only changes what the
+/// updates name (a slot emptied is never drawn after).
+#[test]
+fn device_draws_gather_the_rows_they_name() {
+    use gear_core::{SelectionRule, SlotKey};
+    use gear_cuda::{DeviceSlots, DrawnRows, SlotUpdate};
+    let Some(dev) = common::device_or_skip() else { return };
+    let spec = spec();
+    let table = pinned_table(&dev, &spec);
+    let data = common::fill_table(&table, 3);
+    let collector = CudaCollector::new(&dev);
+    let (n, t) = (spec.capacity(), spec.max_len());
+    let mut slots = DeviceSlots::new(&dev, collector.stream().clone(), n, t).unwrap();
+    let mut rng = Xoshiro256::seed_from_u64(5);
+    let mut updates: Vec<SlotUpdate> = (0..n as u32)
+        .map(|s| SlotUpdate {
+            slot: s,
+            key: (s % 5 != 0).then_some(SlotKey { slot: s, generation: 3 + s }),
+            priority: 1.0 + f64::from(s),
+            len: rng.below(t + 1),
+        })
+        .collect();
+    let rules = [
+        SelectionRule::Uniform,
+        SelectionRule::Proportional { alpha: 0.6, beta: 0.4, stratified: true },
+        SelectionRule::TopK,
+    ];
+    for (case, rule) in rules.into_iter().cycle().take(12).enumerate() {
+        if case == 6 {
+            // Empty slot 3 and re-key slot 4: only they are written.
+            updates = vec![
+                SlotUpdate { slot: 3, key: None, priority: 0.0, len: 0 },
+                SlotUpdate { slot: 4, key: Some(SlotKey { slot: 4, generation: 99 }), priority: 50.0, len: t },
+            ];
+        }
+        slots.sync(rule, &updates).unwrap();
+        let window = WindowSpec { offset: -(1 + rng.below(t) as i64), len: 1 + rng.below(t), pad: Pad::Head };
+        let bl = BatchLayout::new(table.layout(), &[0, 2], 20, window).unwrap();
+        let mut batch = collector.alloc_batch(&bl).unwrap();
+        let mut drawn = DrawnRows::new(&dev, 20).unwrap();
+        collector.gather_drawn(&table.view(), &mut slots, rule, rng.next_u64(), None, &mut drawn, &mut batch).unwrap();
+        let got = drawn.read_back(&mut batch, n).unwrap().to_vec();
+        let mut rows = Vec::new();
+        for (r, row) in got.iter().enumerate() {
+            let key = row.key.unwrap_or_else(|| panic!("case {case} row {r}: nothing drawn"));
+            assert_ne!(key.slot % 5, 0, "case {case}: slot {} holds nothing", key.slot);
+            if case >= 6 {
+                assert_ne!(key.slot, 3, "case {case}: an emptied slot was drawn");
+                if key.slot == 4 {
+                    assert_eq!((key.generation, row.len), (99, t), "case {case}: the re-keyed slot");
+                }
+            }
+            if rule == SelectionRule::TopK {
+                let best_held = (0..n as u32).rev().find(|s| s % 5 != 0).unwrap();
+                let want = if case >= 6 { 4 } else { best_held };
+                if r == 0 {
+                    assert_eq!(key.slot, want, "case {case}: the best slot first");
+                }
+            }
+            rows.push(GatherRow { slot: key.slot, len: row.len });
+        }
+        check_batch(&batch, table.layout(), &data, &bl, &rows, &format!("case {case} {rule:?}"));
+    }
 }

@@ -13,7 +13,7 @@
 
 use std::collections::BinaryHeap;
 
-use gear_core::{check_priority, Error, RandomSource, Result, Sampled, Selector, SlotKey};
+use gear_core::{check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey};
 
 use crate::keys::{check_capacity, filled, reserve_draws, SlotKeys, NONE};
 
@@ -280,6 +280,13 @@ macro_rules! heap_selector {
 
             fn sample(&mut self, n: usize, _rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Result<()> {
                 self.heap.sample(n, out, $name)
+            }
+
+            /// [`SelectionRule::TopK`] for the max-heap (ties between equal
+            /// priorities may be broken differently by another
+            /// implementation); none for the min-heap.
+            fn selection_rule(&self) -> Option<SelectionRule> {
+                $max_first.then_some(SelectionRule::TopK)
             }
         }
     };

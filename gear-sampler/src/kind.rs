@@ -118,6 +118,26 @@ mod tests {
     }
 
     #[test]
+    fn strategies_name_the_rule_a_device_can_run() {
+        use gear_core::SelectionRule;
+        let p = StrategyParams { alpha: 0.7, beta: 0.3, stratified: false };
+        let rule = |k| build(k, &p).unwrap().selection_rule();
+        assert_eq!(rule(StrategyKind::Uniform), Some(SelectionRule::Uniform));
+        assert_eq!(
+            rule(StrategyKind::Prioritized),
+            Some(SelectionRule::Proportional { alpha: 0.7, beta: 0.3, stratified: false })
+        );
+        assert_eq!(rule(StrategyKind::MaxHeap), Some(SelectionRule::TopK));
+        for k in [StrategyKind::Fifo, StrategyKind::Lifo, StrategyKind::MinHeap] {
+            assert_eq!(rule(k), None, "{k}");
+        }
+        // An annealed beta is what the rule reports next.
+        let mut s = crate::Prioritized::new(0.6, 0.4).unwrap();
+        s.set_beta(0.9).unwrap();
+        assert_eq!(s.selection_rule(), Some(SelectionRule::Proportional { alpha: 0.6, beta: 0.9, stratified: true }));
+    }
+
+    #[test]
     fn unknown_names_list_the_valid_ones() {
         let e = "random".parse::<StrategyKind>().unwrap_err();
         assert_eq!(e, Error::UnknownStrategy("random".into()));

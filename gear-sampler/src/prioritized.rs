@@ -11,7 +11,7 @@
 //! the draw is uniform over all items; masses are bounded so the total
 //! cannot overflow; stale keys in [`Prioritized::update_batch`] are skipped.
 
-use gear_core::{check_priority, Error, RandomSource, Result, Sampled, Selector, SlotKey};
+use gear_core::{check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey};
 
 use crate::keys::{check_capacity, reserve_draws, DenseKeys};
 use crate::sum_tree::{SumTree, GROUP};
@@ -416,6 +416,10 @@ impl Selector for Prioritized {
 
     fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
         Some(self.draw(n, rng, out))
+    }
+
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        Some(SelectionRule::Proportional { alpha: self.alpha, beta: self.beta, stratified: self.stratified })
     }
 }
 

@@ -4,7 +4,7 @@
 //! (swap-remove), so insert, remove and each draw are O(1) — the design of
 //! Reverb's `UniformSelector` and of most replay buffers.
 
-use gear_core::{check_priority, Error, RandomSource, Result, Sampled, Selector, SlotKey};
+use gear_core::{check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey};
 
 use crate::keys::{check_capacity, reserve_draws, DenseKeys};
 use crate::sum_tree::GROUP;
@@ -72,6 +72,10 @@ impl Selector for Uniform {
 
     fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
         Some(self.draw(n, rng, out))
+    }
+
+    fn selection_rule(&self) -> Option<SelectionRule> {
+        Some(SelectionRule::Uniform)
     }
 }
 

@@ -41,9 +41,13 @@
 // * `shared`: the protocol over the control block (lock, mirrors, log,
 //   repair, reclamation, waits);
 // * `insert`: the writer's side (slots, eviction, commit, abandon);
-// * `select`: the sampler's side (admission, draws, checks, retirement).
+// * `select`: the sampler's side (admission, draws, checks, retirement);
+// * `device` (feature `cuda`): admission of device draws and the slots a
+//   device mirror must rewrite, from the change log.
 mod attach;
 mod builder;
+#[cfg(feature = "cuda")]
+mod device;
 mod insert;
 mod select;
 mod shared;
@@ -51,6 +55,8 @@ mod shared;
 pub use attach::AttachOptions;
 pub use builder::TableBuilder;
 use builder::{policy, StrategyChoice};
+#[cfg(feature = "cuda")]
+pub(crate) use device::{DeviceCursor, DeviceSlot};
 pub(crate) use select::Selection;
 
 use crate::error::Result;

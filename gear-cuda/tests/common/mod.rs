@@ -3,6 +3,8 @@
 //! CPU references of the kernels' contracts.
 #![allow(dead_code)]
 
+pub mod shim;
+
 use gear_core::{BatchLayout, GatherRow, Layout};
 use std::path::PathBuf;
 

@@ -1,19 +1,33 @@
 //! The CUDA path of the public API (Cargo feature `cuda`): a
-//! [`CudaSampler`] draws rows exactly as the CPU [`Sampler`](crate::Sampler)
-//! does and gathers their windows on a GPU, straight from the table's host
-//! memory, into device buffers. Nothing is staged: the table's region is
-//! page-locked and mapped for the device in place (`cuMemHostRegister`
-//! through [`CudaDevice::register`]), and gear-cuda's gather kernel reads it
-//! over the bus.
+//! [`CudaSampler`] draws rows by the table's strategy and gathers their
+//! windows on a GPU, straight from the table's host memory, into device
+//! buffers. Nothing is staged: the table's region is page-locked and mapped
+//! for the device in place (`cuMemHostRegister` through
+//! [`CudaDevice::register`]), and gear-cuda's gather kernel reads it over
+//! the bus.
 //!
-//! One [`CudaSampler::sample`]: select under the table's protocol (rate
-//! limiter, `max_times_sampled`), queue the gather on the sampler's stream,
-//! and, once the device has finished reading, validate every row's slot
-//! generation (gear-core's seqlock): rows whose slot was reused while the
-//! device read them are redrawn and only those rows gathered again. With a
-//! ring of batches (the default, two) the gather of the next batch is
-//! started before `sample()` returns and validated at the next call, so it
-//! overlaps the trainer's step; see [`CudaSamplerOptions`].
+//! Selection runs on the GPU when the strategy names a
+//! [`gear_core::SelectionRule`] (uniform, prioritized, max-heap, gear-cuda's
+//! GPU strategies): the sampler keeps the table's slots (key, length,
+//! priority) in device memory, brought in step before every draw with the
+//! slots the table's change log touched since the last one (so updates from
+//! any process count), and the drawn slots go from the draw kernel into the
+//! gather's row tables on the device; the rows' keys, probabilities and
+//! weights (those of the host strategy) come back with the batch. Otherwise
+//! (FIFO, LIFO, min-heap, user strategies, `max_times_sampled`, sampling
+//! while writing, a device cache, or [`CudaSamplerOptions::host_selection`])
+//! the host selects as the CPU [`Sampler`](crate::Sampler) does. See
+//! `device_select`.
+//!
+//! One [`CudaSampler::sample`]: admit the batch under the table's protocol
+//! (rate limiter), draw it (on the device or the host), queue the gather on
+//! the sampler's stream, and, once the device has finished reading,
+//! validate every row's slot generation (gear-core's seqlock): rows whose
+//! slot was reused while the device read them, and rows the device could
+//! not draw, are drawn again on the host and only those rows gathered
+//! again. With a ring of batches (the default, two) the next batch is drawn
+//! and gathered before `sample()` returns and validated at the next call,
+//! so it overlaps the trainer's step; see [`CudaSamplerOptions`].
 //!
 //! Hot trajectories can be kept in device memory
 //! ([`CudaSamplerOptions::cache`]): admitted once sampled a given number of
@@ -31,11 +45,17 @@
 //!
 //! The device tests in `gear-api/tests/cuda.rs` (every batch byte for byte
 //! against the CPU collector and the CPU sampler) are packed by
-//! `cargo xtask gpu-test`; they passed on an H100 on 2026-11-22.
+//! `cargo xtask gpu-test`; those written before GPU selection passed on an
+//! H100 on 2026-11-22. GPU selection and its two device tests have not run
+//! on a GPU yet (its protocol is tested on the host: `table::device`,
+//! `device_select`, and gear-cuda's CPU shim).
+
+mod device_select;
 
 use crate::error::{Error, Result};
 use crate::sampler::{BatchMeta, Draws, Gather, SampleConfig};
 use crate::table::ReplayTable;
+use device_select::DeviceSelection;
 use gear_core::TableRegion;
 use gear_core::{BatchLayout, DType, MemoryKind, MemoryRegion, SlotKey, TableView};
 use gear_cuda::cudarc::driver::{CudaEvent, CudaStream};
@@ -86,11 +106,22 @@ pub struct CudaSamplerOptions {
     /// (counted in the shared slot record, by every sampler of every
     /// process; default 2).
     pub cache_admit_after: u64,
+    /// Select on the host even when the table's strategy has a GPU kernel
+    /// (default `false`: such tables select on the GPU; see
+    /// [`CudaSampler::selects_on_device`]).
+    pub host_selection: bool,
 }
 
 impl Default for CudaSamplerOptions {
     fn default() -> Self {
-        CudaSamplerOptions { ordinal: 0, stream: None, ring: 2, cache_entries: 0, cache_admit_after: 2 }
+        CudaSamplerOptions {
+            ordinal: 0,
+            stream: None,
+            ring: 2,
+            cache_entries: 0,
+            cache_admit_after: 2,
+            host_selection: false,
+        }
     }
 }
 
@@ -112,6 +143,13 @@ impl CudaSamplerOptions {
         self
     }
 
+    /// Select on the host (`true`) even when the table's strategy has a GPU
+    /// kernel (see [`CudaSamplerOptions::host_selection`]).
+    pub fn host_selection(mut self, yes: bool) -> Self {
+        self.host_selection = yes;
+        self
+    }
+
     /// Keep up to `entries` hot trajectories in device memory
     /// (`entries * slot stride` bytes) and gather them from there; the
     /// rest is read zero-copy from the table. A trajectory is admitted once
@@ -121,7 +159,9 @@ impl CudaSamplerOptions {
     /// a copy is complete the row is read zero-copy. Cached rows are checked
     /// against the slot's current key when a gather is planned and validated
     /// after it like every other row, so a reused slot is never served from
-    /// a stale copy.
+    /// a stale copy. A sampler with a cache selects on the host (the cache
+    /// is looked up per drawn slot there); GPU-drawn rows are read
+    /// zero-copy.
     pub fn cache(mut self, entries: usize, admit_after: u64) -> Self {
         self.cache_entries = entries;
         self.cache_admit_after = admit_after.max(1);
@@ -442,6 +482,10 @@ pub struct CudaSampler {
     /// The device cache and its fill thread, joined before the batches and
     /// the registration go.
     fill: Option<CacheFill>,
+    /// GPU selection, when the table's strategy has a kernel (see
+    /// `device_select`); dropped after the ring, whose drop waits for the
+    /// gathers that read its buffers.
+    selection: Option<DeviceSelection>,
     /// Declared last: the registration outlives the batches, whose drop
     /// waits for any gather still reading the table.
     mapping: MappingShare,
@@ -506,6 +550,21 @@ impl CudaSampler {
             .map(|_| Ok(CudaSampledBatch { device: collector.alloc(&draws.layout)?, meta: meta.clone() }))
             .collect::<Result<Vec<_>>>()?;
         let prefetch = options.ring > 1 && table.max_times_sampled().is_none();
+        let on_device = !options.host_selection && fill.is_none() && table.device_rule().is_some();
+        let selection = if on_device {
+            let rows = draws.layout.rows();
+            Some(DeviceSelection::new(
+                &m.device,
+                &collector,
+                &table,
+                ring.len(),
+                rows,
+                draws.seed(),
+                config.random_start,
+            )?)
+        } else {
+            None
+        };
         Ok(CudaSampler {
             table,
             collector,
@@ -516,6 +575,7 @@ impl CudaSampler {
             prefetch,
             draws,
             fill,
+            selection,
             mapping,
         })
     }
@@ -579,6 +639,12 @@ impl CudaSampler {
             self.collector.stream().wait(&released).map_err(cuda)?;
         }
         let view = self.mapping.view();
+        if let Some(sel) = &mut self.selection {
+            let deadline = timeout.map(|t| std::time::Instant::now() + t);
+            if sel.start(&self.table, &self.collector, &view, i, &mut self.ring[i].device, deadline)? {
+                return Ok(());
+            }
+        }
         let mut copy = Gather { collector: &self.collector, view, batch: &mut self.ring[i].device };
         self.draws.start(&self.table, &mut copy, timeout)
     }
@@ -587,8 +653,26 @@ impl CudaSampler {
     fn finish(&mut self, i: usize) -> Result<()> {
         let view = self.mapping.view();
         let b = &mut self.ring[i];
+        if let Some(sel) = self.selection.as_mut().filter(|s| s.is_in_flight(i)) {
+            sel.adopt(&self.table, i, &mut b.device, &mut self.draws)?;
+        }
         let mut copy = Gather { collector: &self.collector, view, batch: &mut b.device };
         self.draws.finish(&self.table, &mut copy, &mut b.meta)
+    }
+
+    /// Whether this sampler selects on the GPU: the table's strategy names
+    /// a [`gear_core::SelectionRule`] (uniform, prioritized, max-heap, or
+    /// gear-cuda's GPU strategies), the table has no `max_times_sampled`
+    /// and does not sample trajectories being written, the sampler has no
+    /// device cache and [`CudaSamplerOptions::host_selection`] is off.
+    pub fn selects_on_device(&self) -> bool {
+        self.selection.is_some()
+    }
+
+    /// Batches drawn on the GPU so far (each returned batch was drawn
+    /// either there or, when the device path declined it, on the host).
+    pub fn device_batches(&self) -> u64 {
+        self.selection.as_ref().map_or(0, DeviceSelection::batches)
     }
 
     /// Whether the next batch is already being gathered.
