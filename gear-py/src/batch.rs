@@ -305,12 +305,10 @@ impl Batch {
         let Some(buffer) = &self.buffer else {
             return Err(Error::Spec("a batch from sample_into holds your own arrays; export those".into()).into());
         };
-        let (i, info) = self
-            .infos
-            .iter()
-            .enumerate()
-            .find(|(_, c)| c.name == name)
-            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("column `{name}` is not in this batch")))?;
+        let (i, info) =
+            self.infos.iter().enumerate().find(|(_, c)| c.name == name).ok_or_else(|| {
+                pyo3::exceptions::PyKeyError::new_err(format!("column `{name}` is not in this batch"))
+            })?;
         let storage = buffer.bind(py).get().storage.clone();
         let mut shape = vec![self.rows(py)?, self.window];
         shape.extend(&info.shape);
@@ -353,8 +351,9 @@ impl DlpackColumn {
         // SAFETY: `ptr` is a column of `keepalive`'s allocation, holding
         // exactly `shape` elements of `dtype`; the capsule keeps a clone
         // of `keepalive` until the consumer's tensor dies.
-        let capsule =
-            unsafe { dlpack::export(py, self.ptr as *mut u8, &self.shape, self.dtype, DlDevice::CPU, self.keepalive.clone())? };
+        let capsule = unsafe {
+            dlpack::export(py, self.ptr as *mut u8, &self.shape, self.dtype, DlDevice::CPU, self.keepalive.clone())?
+        };
         Ok(capsule)
     }
 
@@ -381,7 +380,8 @@ pub(crate) fn column_arrays<'py>(
         // SAFETY: column `i` of the storage holds exactly `shape` elements
         // of the column's dtype (the sampler's layout sized it), aligned to
         // 64 bytes; `buffer` owns the storage and becomes the array's base.
-        let array = unsafe { array_view(descrs[i].bind(py), &shape, storage.column_ptr(i), buffer.clone().into_any())? };
+        let array =
+            unsafe { array_view(descrs[i].bind(py), &shape, storage.column_ptr(i), buffer.clone().into_any())? };
         dict.set_item(&info.name, array)?;
     }
     Ok(dict)

@@ -13,8 +13,18 @@ create_exception!(gear, GearError, PyException, "Base class of every error GEAR 
 create_exception!(gear, ClosedError, GearError, "The table was closed (by its creator or `Table.close`).");
 create_exception!(gear, TimeoutError, GearError, "A wait (rate limiter, empty table, table lock) ran out.");
 create_exception!(gear, StaleKeyError, GearError, "A key whose trajectory was evicted or replaced.");
-create_exception!(gear, SpecError, GearError, "A table, column, sampler or rate-limiter configuration that cannot work.");
-create_exception!(gear, StepError, GearError, "Step data or priorities that do not fit the table (dtype, shape, column, value).");
+create_exception!(
+    gear,
+    SpecError,
+    GearError,
+    "A table, column, sampler or rate-limiter configuration that cannot work."
+);
+create_exception!(
+    gear,
+    StepError,
+    GearError,
+    "Step data or priorities that do not fit the table (dtype, shape, column, value)."
+);
 
 /// Result alias for gear-py.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -102,21 +102,33 @@ impl Sampler {
             for key in d.keys() {
                 let name: String = key.extract()?;
                 if !self.infos.iter().any(|c| c.name == name) {
-                    return Err(Error::Step(format!("unknown column `{name}`: this sampler gathers {:?}", self.names())));
+                    return Err(Error::Step(format!(
+                        "unknown column `{name}`: this sampler gathers {:?}",
+                        self.names()
+                    )));
                 }
             }
             let mut v = Vec::new();
             for c in self.infos.iter() {
-                v.push(d.get_item(&c.name)?.ok_or_else(|| Error::Step(format!("no output array for column `{}`", c.name)))?);
+                v.push(
+                    d.get_item(&c.name)?
+                        .ok_or_else(|| Error::Step(format!("no output array for column `{}`", c.name)))?,
+                );
             }
             v
         } else if out.is_instance_of::<PyList>() || out.is_instance_of::<PyTuple>() {
             out.try_iter()?.collect::<PyResult<_>>()?
         } else {
-            return Err(Error::Step("sample_into takes a dict of column name -> array, or a list in column order".into()));
+            return Err(Error::Step(
+                "sample_into takes a dict of column name -> array, or a list in column order".into(),
+            ));
         };
         if given.len() != self.infos.len() {
-            return Err(Error::Step(format!("{} output arrays given, the sampler gathers {} columns", given.len(), self.infos.len())));
+            return Err(Error::Step(format!(
+                "{} output arrays given, the sampler gathers {} columns",
+                given.len(),
+                self.infos.len()
+            )));
         }
         let mut arrays = Vec::with_capacity(given.len());
         let mut ranges = Vec::with_capacity(given.len());

@@ -91,14 +91,19 @@ fn parse_columns(columns: &Bound<'_, PyAny>) -> Result<Vec<ColumnSpec>> {
     let mut out = Vec::new();
     for item in columns.try_iter().map_err(|_| Error::Spec("columns must be a list of (name, dtype, shape)".into()))? {
         let item = item?;
-        let tuple = item
-            .cast::<PyTuple>()
-            .map_err(|_| Error::Spec(format!("column {}: expected a tuple (name, dtype, shape)", dtype::repr(&item))))?;
+        let tuple = item.cast::<PyTuple>().map_err(|_| {
+            Error::Spec(format!("column {}: expected a tuple (name, dtype, shape)", dtype::repr(&item)))
+        })?;
         if !(2..=3).contains(&tuple.len()) {
-            return Err(Error::Spec(format!("column {}: expected (name, dtype) or (name, dtype, shape)", dtype::repr(&item))));
+            return Err(Error::Spec(format!(
+                "column {}: expected (name, dtype) or (name, dtype, shape)",
+                dtype::repr(&item)
+            )));
         }
-        let name: String =
-            tuple.get_item(0)?.extract().map_err(|_| Error::Spec(format!("column {}: name must be a string", dtype::repr(&item))))?;
+        let name: String = tuple
+            .get_item(0)?
+            .extract()
+            .map_err(|_| Error::Spec(format!("column {}: name must be a string", dtype::repr(&item))))?;
         let dt = dtype::parse(&tuple.get_item(1)?)?;
         let shape: Vec<u64> = if tuple.len() == 3 {
             let s = tuple.get_item(2)?;
@@ -106,7 +111,10 @@ fn parse_columns(columns: &Bound<'_, PyAny>) -> Result<Vec<ColumnSpec>> {
                 vec![n]
             } else {
                 s.extract().map_err(|_| {
-                    Error::Spec(format!("column `{name}`: shape must be a tuple of non-negative ints, got {}", dtype::repr(&s)))
+                    Error::Spec(format!(
+                        "column `{name}`: shape must be a tuple of non-negative ints, got {}",
+                        dtype::repr(&s)
+                    ))
                 })?
             }
         } else {
@@ -120,7 +128,11 @@ fn parse_columns(columns: &Bound<'_, PyAny>) -> Result<Vec<ColumnSpec>> {
 fn infos_of(spec: &TableSpec) -> Arc<[ColumnInfo]> {
     spec.columns()
         .iter()
-        .map(|c| ColumnInfo { name: c.name().to_owned(), dtype: c.dtype(), shape: c.shape().iter().map(|&d| d as usize).collect() })
+        .map(|c| ColumnInfo {
+            name: c.name().to_owned(),
+            dtype: c.dtype(),
+            shape: c.shape().iter().map(|&d| d as usize).collect(),
+        })
         .collect()
 }
 
@@ -257,7 +269,9 @@ impl Table {
         if let Some(cols) = columns {
             for c in &cols {
                 if self.inner.spec().column_index(c).is_err() {
-                    return Err(Error::Spec(format!("unknown column `{c}`; the table has {:?}", self.column_names())).into());
+                    return Err(
+                        Error::Spec(format!("unknown column `{c}`; the table has {:?}", self.column_names())).into()
+                    );
                 }
             }
             config = config.columns(cols);
@@ -271,7 +285,12 @@ impl Table {
     /// Sets priorities by key (arrays or lists). Keys of evicted
     /// trajectories are ignored; a NaN, negative or infinite priority
     /// refuses the whole call. Returns how many were applied.
-    fn update_priorities(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, priorities: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn update_priorities(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        priorities: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
         let np = py.import("numpy")?;
         let keys: Vec<u64> = np
             .call_method1("asarray", (keys, "uint64"))

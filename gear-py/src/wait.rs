@@ -45,6 +45,8 @@ pub(crate) fn seconds(value: Option<f64>, what: &str) -> Result<Option<Duration>
     match value {
         None => Ok(None),
         Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => Err(crate::error::Error::Spec(format!("{what} must be a finite number of seconds >= 0 or None, got {s}"))),
+        Some(s) => {
+            Err(crate::error::Error::Spec(format!("{what} must be a finite number of seconds >= 0 or None, got {s}")))
+        }
     }
 }

@@ -153,9 +153,15 @@ impl Writer {
         let Some(probe) = columns.get_item(&first.name)? else {
             return Err(Error::Step(format!("column `{}` is missing; every column needs a value", first.name)).into());
         };
-        let count: usize = probe.getattr("shape").ok().and_then(|s| s.get_item(0).ok()).and_then(|c| c.extract().ok()).ok_or_else(
-            || Error::Step(format!("column `{}`: expected an array whose first dimension counts trajectories", first.name)),
-        )?;
+        let count: usize =
+            probe.getattr("shape").ok().and_then(|s| s.get_item(0).ok()).and_then(|c| c.extract().ok()).ok_or_else(
+                || {
+                    Error::Step(format!(
+                        "column `{}`: expected an array whose first dimension counts trajectories",
+                        first.name
+                    ))
+                },
+            )?;
         let leading: Vec<usize> = match steps {
             None => vec![count],
             Some(k) => vec![count, k],
@@ -176,8 +182,9 @@ impl Writer {
         while keys.len() < count {
             let done = keys.len();
             let (sliced, values, priorities) = (&self.sliced, &values, priorities.as_deref());
-            let round =
-                wait::interruptible(py, self.timeout, || sliced.insert_batch_round(done, count, steps, values, priorities))?;
+            let round = wait::interruptible(py, self.timeout, || {
+                sliced.insert_batch_round(done, count, steps, values, priorities)
+            })?;
             keys.extend(round.iter().map(|k| k.to_u64()));
         }
         Ok(numpy::PyArray1::from_vec(py, keys).into_any())
