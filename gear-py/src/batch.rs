@@ -283,7 +283,7 @@ impl Batch {
 
     /// Number of rows.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.keys.bind(py).len()?)
+        self.keys.bind(py).len()
     }
 
     /// Rows in the batch.
@@ -425,4 +425,28 @@ pub(crate) fn check_output(
     }
     let len = want.iter().product::<usize>() * info.dtype.size() as usize;
     Ok((data, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_are_aligned_disjoint_and_zeroed() {
+        let mut storage = BatchStorage::new(&[3, 100, 0, 64]).unwrap();
+        assert_eq!(storage.columns, vec![(0, 3), (64, 100), (192, 0), (192, 64)]);
+        assert_eq!(storage.nbytes(), 256);
+        for i in 0..4 {
+            assert_eq!(storage.column_ptr(i) as usize % COLUMN_ALIGN, 0);
+        }
+        let columns = storage.columns_mut();
+        assert!(columns.iter().all(|c| c.iter().all(|&b| b == 0)));
+        assert_eq!(columns.iter().map(|c| c.len()).collect::<Vec<_>>(), vec![3, 100, 0, 64]);
+    }
+
+    #[test]
+    fn an_empty_batch_still_allocates_and_sizes_that_overflow_are_refused() {
+        assert_eq!(BatchStorage::new(&[]).unwrap().nbytes(), COLUMN_ALIGN);
+        assert!(matches!(BatchStorage::new(&[usize::MAX - 10, 100]), Err(Error::Spec(_))));
+    }
 }

@@ -336,6 +336,13 @@ impl Table {
         Ok(py.detach(|| table.info()).map_err(Error::from)?.size as usize)
     }
 
+    /// Trajectories committed since creation, read without the table
+    /// lock (a cheap progress counter; `info()` takes the lock).
+    #[getter]
+    fn inserts(&self) -> u64 {
+        self.inner.inserts()
+    }
+
     /// The shared-memory name (`None`: process-private).
     #[getter]
     fn name(&self) -> Option<String> {

@@ -27,7 +27,7 @@ where
 {
     let started = Instant::now();
     loop {
-        match py.detach(|| attempt()) {
+        match py.detach(&mut attempt) {
             Err(gear_api::Error::Timeout { op, holder, .. }) => {
                 let waited = started.elapsed();
                 if timeout.is_some_and(|t| waited + Duration::from_millis(1) >= t) {
@@ -48,5 +48,25 @@ pub(crate) fn seconds(value: Option<f64>, what: &str) -> Result<Option<Duration>
         Some(s) => {
             Err(crate::error::Error::Spec(format!("{what} must be a finite number of seconds >= 0 or None, got {s}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_never_exceed_the_wait_or_the_slice() {
+        assert_eq!(slice_of(None), WAIT_SLICE);
+        assert_eq!(slice_of(Some(Duration::from_secs(5))), WAIT_SLICE);
+        assert_eq!(slice_of(Some(Duration::from_millis(20))), Duration::from_millis(20));
+    }
+
+    #[test]
+    fn seconds_must_be_finite_and_non_negative() {
+        assert_eq!(seconds(Some(1.5), "t").unwrap(), Some(Duration::from_millis(1500)));
+        assert_eq!(seconds(None, "t").unwrap(), None);
+        assert!(seconds(Some(-1.0), "t").is_err());
+        assert!(seconds(Some(f64::NAN), "t").is_err());
     }
 }

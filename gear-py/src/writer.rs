@@ -51,7 +51,7 @@ pub(crate) fn column_array<'py>(
         return Ok(array);
     }
     let contiguous = np.call_method1("ascontiguousarray", (&array,))?;
-    Ok(contiguous.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))?)
+    contiguous.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))
 }
 
 /// The bytes of a C-contiguous array.
