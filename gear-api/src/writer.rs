@@ -181,7 +181,13 @@ impl Writer {
     }
 
     /// Every check of [`Writer::insert_batch`], before a slot is taken.
-    fn check_batch(&self, count: usize, steps: u64, columns: &[StepValue<'_>], priorities: Option<&[f64]>) -> Result<()> {
+    fn check_batch(
+        &self,
+        count: usize,
+        steps: u64,
+        columns: &[StepValue<'_>],
+        priorities: Option<&[f64]>,
+    ) -> Result<()> {
         let spec = self.table.spec();
         if columns.len() != spec.columns().len() {
             return Err(gear_core::Error::StepColumns { got: columns.len(), expected: spec.columns().len() }.into());
