@@ -22,3 +22,4 @@ maturin develop --quiet
 python -m pytest -q tests
 # Bounded like the tests: a hang fails CI instead of stalling it.
 timeout 300 python examples/cartpole_dqn.py --steps 4000 --check-loss-falls
+timeout 120 python examples/r2d2_sequences.py --updates 200
