@@ -303,6 +303,12 @@ impl Batch {
     /// bf16 columns arrive as `torch.bfloat16`.
     fn dlpack(&self, py: Python<'_>, name: &str) -> PyResult<DlpackColumn> {
         let Some(buffer) = &self.buffer else {
+            // Device batches hold their DLPack columns directly.
+            if let Some(column) = self.columns.bind(py).get_item(name)? {
+                if let Ok(column) = column.extract::<PyRef<'_, DlpackColumn>>() {
+                    return Ok(column.clone_ref());
+                }
+            }
             return Err(Error::Spec("a batch from sample_into holds your own arrays; export those".into()).into());
         };
         let (i, info) =
@@ -312,7 +318,7 @@ impl Batch {
         let storage = buffer.bind(py).get().storage.clone();
         let mut shape = vec![self.rows(py)?, self.window];
         shape.extend(&info.shape);
-        Ok(DlpackColumn { ptr: storage.column_ptr(i) as usize, shape, dtype: info.dtype, keepalive: storage })
+        Ok(DlpackColumn::new(storage.column_ptr(i) as usize, shape, info.dtype, DlDevice::CPU, storage))
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
@@ -321,20 +327,40 @@ impl Batch {
     }
 }
 
-/// One host column exported through DLPack.
+/// One column exported through DLPack: host memory of a batch buffer, or
+/// (CUDA samplers) device memory of its own.
 #[pyclass(module = "gear._gear", frozen)]
 pub struct DlpackColumn {
     ptr: usize,
     shape: Vec<usize>,
     dtype: DType,
-    keepalive: Arc<BatchStorage>,
+    device: DlDevice,
+    keepalive: dlpack::Keepalive,
+}
+
+impl DlpackColumn {
+    /// A column of `shape` elements of `dtype` at `ptr` on `device`, whose
+    /// memory `keepalive` owns.
+    pub(crate) fn new(
+        ptr: usize,
+        shape: Vec<usize>,
+        dtype: DType,
+        device: DlDevice,
+        keepalive: dlpack::Keepalive,
+    ) -> Self {
+        DlpackColumn { ptr, shape, dtype, device, keepalive }
+    }
+
+    fn clone_ref(&self) -> Self {
+        DlpackColumn::new(self.ptr, self.shape.clone(), self.dtype, self.device, self.keepalive.clone())
+    }
 }
 
 #[pymethods]
 impl DlpackColumn {
     /// A DLPack capsule of the column (DLPack 0.8, unversioned). Every
-    /// keyword of the array API's `__dlpack__` is accepted; host memory
-    /// needs no stream.
+    /// keyword of the array API's `__dlpack__` is accepted; no stream is
+    /// needed (device columns are complete before they are returned).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -348,18 +374,20 @@ impl DlpackColumn {
         if copy == Some(true) {
             return Err(pyo3::exceptions::PyBufferError::new_err("gear exports without copying (copy=True refused)"));
         }
-        // SAFETY: `ptr` is a column of `keepalive`'s allocation, holding
-        // exactly `shape` elements of `dtype`; the capsule keeps a clone
-        // of `keepalive` until the consumer's tensor dies.
+        // SAFETY: `ptr` is memory `keepalive` owns, holding exactly
+        // `shape` elements of `dtype` (a batch buffer's column, or a CUDA
+        // column's own allocation); the capsule keeps a clone of
+        // `keepalive` until the consumer's tensor dies.
         let capsule = unsafe {
-            dlpack::export(py, self.ptr as *mut u8, &self.shape, self.dtype, DlDevice::CPU, self.keepalive.clone())?
+            dlpack::export(py, self.ptr as *mut u8, &self.shape, self.dtype, self.device, self.keepalive.clone())?
         };
         Ok(capsule)
     }
 
-    /// `(device type, device id)`: `(1, 0)`, host memory.
+    /// `(device type, device id)`: `(1, 0)` for host memory, `(2, n)` for
+    /// CUDA device `n`.
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (DlDevice::CPU.device_type, DlDevice::CPU.device_id)
+        (self.device.device_type, self.device.device_id)
     }
 }
 

@@ -25,6 +25,12 @@ pub(crate) struct DlDevice {
 impl DlDevice {
     /// Host memory.
     pub(crate) const CPU: DlDevice = DlDevice { device_type: 1, device_id: 0 };
+
+    /// CUDA device memory of device `id`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(id: i32) -> DlDevice {
+        DlDevice { device_type: 2, device_id: id }
+    }
 }
 
 #[repr(C)]

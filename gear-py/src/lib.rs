@@ -13,6 +13,8 @@
 //! alive, and a sampler reuses a buffer only once nothing references it.
 
 mod batch;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod dlpack;
 mod dtype;
 pub mod error;
@@ -44,6 +46,8 @@ fn _gear(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::Batch>()?;
     m.add_class::<batch::BatchBuffer>()?;
     m.add_class::<batch::DlpackColumn>()?;
+    #[cfg(feature = "cuda")]
+    m.add_class::<cuda::CudaSampler>()?;
     m.add_function(wrap_pyfunction!(sequence_priority, m)?)?;
     m.add("GearError", py.get_type::<error::GearError>())?;
     m.add("ClosedError", py.get_type::<error::ClosedError>())?;

@@ -253,33 +253,33 @@ impl Table {
         timeout: Option<f64>,
         random_start: bool,
     ) -> PyResult<Sampler> {
-        let max_len = self.inner.spec().max_len();
-        let mut w = match (window, offset) {
-            (None, None) => WindowSpec::whole(max_len),
-            (Some(l), None) => WindowSpec::last(l),
-            (l, Some(o)) => WindowSpec { offset: o, len: l.unwrap_or(max_len), pad: Pad::Tail },
-        };
-        match pad {
-            None => {}
-            Some("head") => w.pad = Pad::Head,
-            Some("tail") => w.pad = Pad::Tail,
-            Some(other) => return Err(Error::Spec(format!("pad must be \"head\" or \"tail\", got {other:?}")).into()),
-        }
-        let mut config = SampleConfig::new(batch_size, w).timeout(wait::seconds(timeout, "timeout")?);
-        if let Some(cols) = columns {
-            for c in &cols {
-                if self.inner.spec().column_index(c).is_err() {
-                    return Err(
-                        Error::Spec(format!("unknown column `{c}`; the table has {:?}", self.column_names())).into()
-                    );
-                }
-            }
-            config = config.columns(cols);
-        }
-        if random_start {
-            config = config.random_start();
-        }
+        let config = self.sample_config(batch_size, window, offset, pad, columns, timeout, random_start)?;
         Ok(Sampler::new(py, &self.inner, config)?)
+    }
+
+    /// A sampler that gathers on CUDA device `device` (wheels built with
+    /// the `cuda` feature): arguments as for `sampler`, plus `ring`, the
+    /// batches gathered ahead. Raises `GearError` where no GPU is usable.
+    #[cfg(feature = "cuda")]
+    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false, device=0, ring=2))]
+    #[allow(clippy::too_many_arguments)]
+    fn cuda_sampler(
+        &self,
+        py: Python<'_>,
+        batch_size: usize,
+        window: Option<u64>,
+        offset: Option<i64>,
+        pad: Option<&str>,
+        columns: Option<Vec<String>>,
+        timeout: Option<f64>,
+        random_start: bool,
+        device: usize,
+        ring: usize,
+    ) -> PyResult<crate::cuda::CudaSampler> {
+        let config = self.sample_config(batch_size, window, offset, pad, columns, timeout, random_start)?;
+        let table = &self.inner;
+        let infos = &self.infos;
+        Ok(py.detach(|| crate::cuda::CudaSampler::new(table, infos, config, device, ring))?)
     }
 
     /// Sets priorities by key (arrays or lists). Keys of evicted
@@ -391,6 +391,45 @@ impl Table {
 }
 
 impl Table {
+    /// The sampler configuration `sampler` and `cuda_sampler` share.
+    #[allow(clippy::too_many_arguments)]
+    fn sample_config(
+        &self,
+        batch_size: usize,
+        window: Option<u64>,
+        offset: Option<i64>,
+        pad: Option<&str>,
+        columns: Option<Vec<String>>,
+        timeout: Option<f64>,
+        random_start: bool,
+    ) -> Result<SampleConfig> {
+        let max_len = self.inner.spec().max_len();
+        let mut w = match (window, offset) {
+            (None, None) => WindowSpec::whole(max_len),
+            (Some(l), None) => WindowSpec::last(l),
+            (l, Some(o)) => WindowSpec { offset: o, len: l.unwrap_or(max_len), pad: Pad::Tail },
+        };
+        match pad {
+            None => {}
+            Some("head") => w.pad = Pad::Head,
+            Some("tail") => w.pad = Pad::Tail,
+            Some(other) => return Err(Error::Spec(format!("pad must be \"head\" or \"tail\", got {other:?}"))),
+        }
+        let mut config = SampleConfig::new(batch_size, w).timeout(wait::seconds(timeout, "timeout")?);
+        if let Some(cols) = columns {
+            for c in &cols {
+                if self.inner.spec().column_index(c).is_err() {
+                    return Err(Error::Spec(format!("unknown column `{c}`; the table has {:?}", self.column_names())));
+                }
+            }
+            config = config.columns(cols);
+        }
+        if random_start {
+            config = config.random_start();
+        }
+        Ok(config)
+    }
+
     fn column_names(&self) -> Vec<String> {
         self.infos.iter().map(|c| c.name.clone()).collect()
     }

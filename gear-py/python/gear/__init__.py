@@ -39,6 +39,11 @@ from ._gear import (
     sequence_priority,
 )
 
+try:  # wheels built with the `cuda` feature
+    from ._gear import CudaSampler
+except ImportError:
+    pass
+
 __all__ = [
     "Batch",
     "BatchBuffer",

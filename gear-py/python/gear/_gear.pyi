@@ -83,6 +83,20 @@ class Table:
         random_start: bool = False,
     ) -> Sampler:
         """A sampler of ``batch_size`` rows of ``window`` steps."""
+    def cuda_sampler(
+        self,
+        batch_size: int,
+        window: Optional[int] = None,
+        *,
+        offset: Optional[int] = None,
+        pad: Optional[str] = None,
+        columns: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = 10.0,
+        random_start: bool = False,
+        device: int = 0,
+        ring: int = 2,
+    ) -> CudaSampler:
+        """A sampler gathering on a CUDA device (wheels built with the ``cuda`` feature only)."""
     def update_priorities(self, keys: ArrayLike, priorities: ArrayLike) -> int:
         """Sets priorities by key; stale keys are ignored. Returns how many applied."""
     def info(self) -> Dict[str, Union[int, float]]:
@@ -187,6 +201,14 @@ class Sampler:
     def window(self) -> int: ...
     @property
     def columns(self) -> List[str]: ...
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __next__(self) -> Batch: ...
+
+class CudaSampler:
+    """Draws batches into GPU memory (``cuda`` feature); columns are DLPack CUDA exports."""
+
+    def sample(self) -> Batch:
+        """Draws one batch; ``torch.from_dlpack(batch["obs"])`` is a CUDA tensor."""
     def __iter__(self) -> Iterator[Batch]: ...
     def __next__(self) -> Batch: ...
 
