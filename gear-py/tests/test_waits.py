@@ -95,13 +95,18 @@ def test_a_thread_writes_while_another_samples_in_a_loop():
 
 
 CTRL_C_CHILD = """
-import sys, time, gear
-table = gear.Table([("v", "int64")], max_len=1, capacity=4)
-sampler = table.sampler(batch_size=1, timeout=None)
+import sys, time, numpy as np, gear
+table = gear.Table([("v", "int64")], max_len=1, capacity=4, rate_limiter=gear.RateLimiter.queue(2))
+writer = table.writer(timeout=None)
+if sys.argv[1] == "sample":
+    wait = table.sampler(batch_size=1, timeout=None).sample
+else:
+    writer.insert_batch({"v": np.zeros(2, np.int64)})  # the queue is full now
+    wait = writer.trajectory if sys.argv[1] == "trajectory" else lambda: writer.insert_batch({"v": np.zeros(1, np.int64)})
 print("waiting", flush=True)
 started = time.monotonic()
 try:
-    sampler.sample()
+    wait()
 except KeyboardInterrupt:
     print(f"interrupted after {time.monotonic() - started:.2f}", flush=True)
     sys.exit(0)
@@ -109,11 +114,13 @@ sys.exit(3)
 """
 
 
-def test_ctrl_c_interrupts_a_blocked_sample():
+@pytest.mark.parametrize("blocked_in", ["sample", "trajectory", "insert_batch"])
+def test_ctrl_c_interrupts_a_blocked_wait(blocked_in):
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD, blocked_in], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "waiting"
         time.sleep(0.5)
