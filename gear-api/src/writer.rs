@@ -149,6 +149,45 @@ impl Writer {
         columns: &[StepValue<'_>],
         priorities: Option<&[f64]>,
     ) -> Result<Vec<SlotKey>> {
+        self.check_batch(count, steps, columns, priorities)?;
+        let mut keys = Vec::with_capacity(count);
+        while keys.len() < count {
+            let batch = self.insert_round(keys.len(), count, steps, columns, priorities)?;
+            keys.extend(batch);
+        }
+        Ok(keys)
+    }
+
+    /// One round of [`Writer::insert_batch`], for callers that must regain
+    /// control between waits (the Python binding runs signal handlers
+    /// there): inserts trajectories `first..count` of the batch, as many as
+    /// the rate limiter admits after one wait, at least one, and returns
+    /// their keys. On a timeout (of the wait or of the table lock) nothing
+    /// of this round was inserted, so the round can be retried; other
+    /// errors are those of [`Writer::insert_batch`]. Rounds before it stay.
+    pub fn insert_batch_round(
+        &self,
+        first: usize,
+        count: usize,
+        steps: u64,
+        columns: &[StepValue<'_>],
+        priorities: Option<&[f64]>,
+    ) -> Result<Vec<SlotKey>> {
+        self.check_batch(count, steps, columns, priorities)?;
+        if first >= count {
+            return Err(Error::Trajectory(format!("round starts at trajectory {first} of a batch of {count}")));
+        }
+        self.insert_round(first, count, steps, columns, priorities)
+    }
+
+    /// Every check of [`Writer::insert_batch`], before a slot is taken.
+    fn check_batch(
+        &self,
+        count: usize,
+        steps: u64,
+        columns: &[StepValue<'_>],
+        priorities: Option<&[f64]>,
+    ) -> Result<()> {
         let spec = self.table.spec();
         if columns.len() != spec.columns().len() {
             return Err(gear_core::Error::StepColumns { got: columns.len(), expected: spec.columns().len() }.into());
@@ -184,21 +223,29 @@ impl Writer {
                 check_priority(p)?;
             }
         }
-        let mut keys = Vec::with_capacity(count);
-        while keys.len() < count {
-            let done = keys.len();
-            let priority = |i: usize| priorities.map_or(0.0, |p| p[done + i]);
-            let batch = self.table.begin_slots(count - done, priority, self.timeout)?;
-            if let Err(e) = self.write_batch(&batch, done, steps, columns) {
-                for &key in &batch {
-                    self.table.abandon_slot(key);
-                }
-                return Err(e);
+        Ok(())
+    }
+
+    /// Takes slots for trajectories `done..count` (at least one, after one
+    /// rate-limiter wait), writes and commits them.
+    fn insert_round(
+        &self,
+        done: usize,
+        count: usize,
+        steps: u64,
+        columns: &[StepValue<'_>],
+        priorities: Option<&[f64]>,
+    ) -> Result<Vec<SlotKey>> {
+        let priority = |i: usize| priorities.map_or(0.0, |p| p[done + i]);
+        let batch = self.table.begin_slots(count - done, priority, self.timeout)?;
+        if let Err(e) = self.write_batch(&batch, done, steps, columns) {
+            for &key in &batch {
+                self.table.abandon_slot(key);
             }
-            self.table.commit_slots(&batch, priorities.map(|p| &p[done..done + batch.len()]), self.timeout)?;
-            keys.extend(batch);
+            return Err(e);
         }
-        Ok(keys)
+        self.table.commit_slots(&batch, priorities.map(|p| &p[done..done + batch.len()]), self.timeout)?;
+        Ok(batch)
     }
 
     /// Writes and publishes trajectories `first..` of a checked batch into
@@ -264,6 +311,13 @@ pub struct Trajectory {
 }
 
 impl Trajectory {
+    /// Changes how long [`Trajectory::end`] may wait for the table lock
+    /// (by default, the timeout of the writer that began it; `None`: as
+    /// long as it takes).
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
     /// The key this trajectory will be stored under.
     pub fn key(&self) -> SlotKey {
         self.key

@@ -1,0 +1,59 @@
+//! # gear-py
+//!
+//! The `gear` Python module (imported as `gear`, built as `gear._gear`
+//! by maturin): GEAR-rs replay tables from Python, over gear-api's public
+//! API only.
+//!
+//! Contract: every call that copies or waits releases the GIL; waits run
+//! in slices so Ctrl-C interrupts them; every Rust error becomes a Python
+//! exception of its kind with the Rust message, and no panic crosses the
+//! boundary (pyo3 turns one into `PanicException`, and the code avoids
+//! them on user input). Sampled batches own their buffers: column arrays
+//! are zero-copy NumPy views (and DLPack exports) that keep the buffer
+//! alive, and a sampler reuses a buffer only once nothing references it.
+
+mod batch;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod dlpack;
+mod dtype;
+pub mod error;
+mod sampler;
+mod table;
+mod wait;
+mod writer;
+
+use pyo3::prelude::*;
+
+/// `p = eta * max|d| + (1 - eta) * mean|d|` over a sequence's TD errors
+/// (R2D2's sequence priority; `eta` 0.9 by default).
+#[pyfunction]
+#[pyo3(signature = (td_errors, eta=0.9))]
+fn sequence_priority(td_errors: &Bound<'_, PyAny>, eta: f64) -> PyResult<f64> {
+    let values = table::float_vec(td_errors, "td_errors")?;
+    Ok(gear_sampler::sequence_priority(&values, eta))
+}
+
+/// The extension module.
+#[pymodule]
+fn _gear(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<table::Table>()?;
+    m.add_class::<table::RateLimiter>()?;
+    m.add_class::<writer::Writer>()?;
+    m.add_class::<writer::Trajectory>()?;
+    m.add_class::<sampler::Sampler>()?;
+    m.add_class::<batch::Batch>()?;
+    m.add_class::<batch::BatchBuffer>()?;
+    m.add_class::<batch::DlpackColumn>()?;
+    #[cfg(feature = "cuda")]
+    m.add_class::<cuda::CudaSampler>()?;
+    m.add_function(wrap_pyfunction!(sequence_priority, m)?)?;
+    m.add("GearError", py.get_type::<error::GearError>())?;
+    m.add("ClosedError", py.get_type::<error::ClosedError>())?;
+    m.add("TimeoutError", py.get_type::<error::TimeoutError>())?;
+    m.add("StaleKeyError", py.get_type::<error::StaleKeyError>())?;
+    m.add("SpecError", py.get_type::<error::SpecError>())?;
+    m.add("StepError", py.get_type::<error::StepError>())?;
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! `gear.Sampler`: batches into buffers the batch owns (`sample`), or into
+//! the caller's arrays (`sample_into`), and iteration.
+
+use crate::batch::{self, Batch, BatchBuffer, BatchStorage, ColumnInfo, RowFacts};
+use crate::dtype;
+use crate::error::{Error, Result};
+use crate::wait;
+use gear_core::Pad;
+use numpy::{PyArrayDescr, PyUntypedArray};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Buffers a sampler keeps for reuse; batches still referenced beyond
+/// these get fresh buffers that are freed with them.
+const POOLED_BUFFERS: usize = 4;
+
+/// Draws batches of windows from a table. Create one per thread
+/// (`table.sampler(...)`); a sampler used by two threads at once raises.
+#[pyclass(module = "gear._gear")]
+pub struct Sampler {
+    inner: gear_api::Sampler,
+    timeout: Option<Duration>,
+    infos: Arc<[ColumnInfo]>,
+    descrs: Vec<Py<PyArrayDescr>>,
+    column_bytes: Vec<usize>,
+    rows: usize,
+    window: usize,
+    pad: Pad,
+    pool: Vec<Arc<BatchStorage>>,
+}
+
+impl Sampler {
+    pub(crate) fn new(py: Python<'_>, table: &gear_api::ReplayTable, config: gear_api::SampleConfig) -> Result<Self> {
+        let timeout = config.timeout;
+        let pad = config.window.pad;
+        let sliced = config.clone().timeout(Some(wait::slice_of(timeout)));
+        let inner = table.sampler(sliced)?;
+        let layout = inner.layout();
+        let spec = table.spec();
+        let mut infos = Vec::new();
+        let mut descrs = Vec::new();
+        let mut column_bytes = Vec::new();
+        for (i, &c) in layout.columns().iter().enumerate() {
+            let col = &spec.columns()[c];
+            infos.push(ColumnInfo {
+                name: col.name().to_owned(),
+                dtype: col.dtype(),
+                shape: col.shape().iter().map(|&d| d as usize).collect(),
+            });
+            descrs.push(dtype::numpy_descr(py, col.dtype())?.unbind());
+            column_bytes.push(layout.column_bytes(i) as usize);
+        }
+        let (rows, window) = (layout.rows(), layout.window().len as usize);
+        Ok(Sampler { inner, timeout, infos: infos.into(), descrs, column_bytes, rows, window, pad, pool: Vec::new() })
+    }
+
+    /// A buffer nothing else references, reused from the pool or new.
+    fn free_buffer(&mut self) -> Result<Arc<BatchStorage>> {
+        if let Some(i) = self.pool.iter_mut().position(|s| Arc::get_mut(s).is_some()) {
+            return Ok(self.pool.swap_remove(i));
+        }
+        Ok(Arc::new(BatchStorage::new(&self.column_bytes)?))
+    }
+
+    fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
+        let mut storage = self.free_buffer()?;
+        let inner = &mut self.inner;
+        let filled = wait::interruptible(py, self.timeout, || {
+            let Some(unique) = Arc::get_mut(&mut storage) else {
+                return Err(gear_api::Error::Config("batch buffer is shared".into()));
+            };
+            let mut columns = unique.columns_mut();
+            let rows = inner.sample_into(&mut columns)?;
+            Ok(RowFacts::from_rows(&rows))
+        });
+        let facts = match filled {
+            Ok(f) => f,
+            Err(e) => {
+                self.keep(storage);
+                return Err(e);
+            }
+        };
+        let buffer = Bound::new(py, BatchBuffer { storage: storage.clone() })?;
+        if self.pool.len() < POOLED_BUFFERS {
+            self.pool.push(storage);
+        }
+        let columns = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
+        Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), Some(buffer.unbind()))
+    }
+
+    fn keep(&mut self, storage: Arc<BatchStorage>) {
+        if self.pool.len() < POOLED_BUFFERS {
+            self.pool.push(storage);
+        }
+    }
+
+    fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
+        let np = py.import("numpy")?;
+        let given: Vec<Bound<'_, PyAny>> = if let Ok(d) = out.cast::<PyDict>() {
+            for key in d.keys() {
+                let name: String = key.extract()?;
+                if !self.infos.iter().any(|c| c.name == name) {
+                    return Err(Error::Step(format!(
+                        "unknown column `{name}`: this sampler gathers {:?}",
+                        self.names()
+                    )));
+                }
+            }
+            let mut v = Vec::new();
+            for c in self.infos.iter() {
+                v.push(
+                    d.get_item(&c.name)?
+                        .ok_or_else(|| Error::Step(format!("no output array for column `{}`", c.name)))?,
+                );
+            }
+            v
+        } else if out.is_instance_of::<PyList>() || out.is_instance_of::<PyTuple>() {
+            out.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            return Err(Error::Step(
+                "sample_into takes a dict of column name -> array, or a list in column order".into(),
+            ));
+        };
+        if given.len() != self.infos.len() {
+            return Err(Error::Step(format!(
+                "{} output arrays given, the sampler gathers {} columns",
+                given.len(),
+                self.infos.len()
+            )));
+        }
+        let mut arrays = Vec::with_capacity(given.len());
+        let mut ranges = Vec::with_capacity(given.len());
+        for (obj, info) in given.iter().zip(self.infos.iter()) {
+            // Tensors and other array-likes: NumPy views of their memory
+            // (torch CPU tensors share it); a copy would be filled in vain,
+            // so the view must share memory with the object.
+            let array = match obj.cast::<PyUntypedArray>() {
+                Ok(a) => a.clone(),
+                Err(_) => {
+                    let a = np.call_method1("asarray", (obj,))?;
+                    let a = a.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))?;
+                    if !np.call_method1("shares_memory", (&a, obj)).and_then(|r| r.extract::<bool>()).unwrap_or(false) {
+                        return Err(Error::Step(format!(
+                            "output for column `{}` is not an array whose memory NumPy can write in place",
+                            info.name
+                        )));
+                    }
+                    a
+                }
+            };
+            ranges.push(batch::check_output(&array, info, self.rows, self.window)?);
+            arrays.push(array);
+        }
+        let mut sorted = ranges.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(Error::Step("output arrays overlap".into()));
+        }
+        let inner = &mut self.inner;
+        let facts = wait::interruptible(py, self.timeout, || {
+            let mut columns: Vec<&mut [u8]> = ranges
+                .iter()
+                // SAFETY: each range is the data of a live, writeable,
+                // C-contiguous array of exactly that many bytes (checked
+                // above), kept alive by `arrays` for this whole call; the
+                // ranges are disjoint, so the slices do not alias.
+                .map(|&(ptr, len)| unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) })
+                .collect();
+            let rows = inner.sample_into(&mut columns)?;
+            Ok(RowFacts::from_rows(&rows))
+        })?;
+        let columns = PyDict::new(py);
+        for (info, array) in self.infos.iter().zip(&given) {
+            columns.set_item(&info.name, array)?;
+        }
+        drop(arrays);
+        Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), None)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.infos.iter().map(|c| c.name.clone()).collect()
+    }
+}
+
+#[pymethods]
+impl Sampler {
+    /// Draws and gathers one batch into a buffer the batch owns. Waits
+    /// (up to the sampler's timeout, interruptible by Ctrl-C, without the
+    /// GIL) while the table is empty or the rate limiter holds samplers
+    /// back.
+    fn sample(&mut self, py: Python<'_>) -> PyResult<Batch> {
+        Ok(self.sample_batch(py)?)
+    }
+
+    /// Like `sample`, but gathers into your arrays: `out` is a dict of
+    /// column name -> array (or a list in column order), each C-contiguous,
+    /// writeable, of the column's dtype and shape `[rows, window, *shape]`
+    /// (NumPy arrays, or torch CPU tensors, pinned ones included). Returns
+    /// a batch whose columns are those arrays.
+    fn sample_into(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<Batch> {
+        Ok(self.sample_into_arrays(py, out)?)
+    }
+
+    /// Rows per batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.rows
+    }
+
+    /// Steps per row.
+    #[getter]
+    fn window(&self) -> usize {
+        self.window
+    }
+
+    /// The columns gathered, in order.
+    #[getter]
+    fn columns(&self) -> Vec<String> {
+        self.names()
+    }
+
+    /// `{column: (numpy dtype name, shape)}` of the arrays `sample_into`
+    /// takes.
+    fn output_spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for c in self.infos.iter() {
+            let mut shape = vec![self.rows, self.window];
+            shape.extend(&c.shape);
+            d.set_item(&c.name, (dtype::numpy_name(c.dtype), PyTuple::new(py, shape)?))?;
+        }
+        Ok(d)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch; iteration stops when the table is closed.
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Batch>> {
+        match self.sample_batch(py) {
+            Ok(b) => Ok(Some(b)),
+            Err(Error::Gear(gear_api::Error::Closed)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

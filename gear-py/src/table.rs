@@ -1,0 +1,436 @@
+//! `gear.Table` and `gear.RateLimiter`: creating a table (or attaching to
+//! a shared one by name), counters, priorities, closing.
+
+use crate::batch::ColumnInfo;
+use crate::dtype;
+use crate::error::{Error, Result};
+use crate::sampler::Sampler;
+use crate::wait;
+use crate::writer::Writer;
+use gear_api::{AttachOptions, RateLimiterConfig, ReplayTable, SampleConfig};
+use gear_core::{ColumnSpec, Pad, SlotKey, TableSpec, WindowSpec};
+use gear_sampler::{StrategyKind, StrategyParams};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::sync::Arc;
+
+/// `value` as a vector of `float64` (any array-like).
+pub(crate) fn float_vec(value: &Bound<'_, PyAny>, what: &str) -> Result<Vec<f64>> {
+    let np = value.py().import("numpy")?;
+    let array = np
+        .call_method1("asarray", (value, "float64"))
+        .and_then(|a| a.call_method0("ravel"))
+        .map_err(|e| Error::Step(format!("{what}: expected numbers ({e})")))?;
+    Ok(array.call_method0("tolist")?.extract()?)
+}
+
+/// How the table paces writers and samplers (Reverb's rate limiters).
+#[pyclass(module = "gear._gear", frozen, from_py_object)]
+#[derive(Clone, Debug)]
+pub struct RateLimiter {
+    kind: LimiterKind,
+}
+
+#[derive(Clone, Debug)]
+enum LimiterKind {
+    Ratio(RateLimiterConfig),
+    Queue(u64),
+    Stack(u64),
+}
+
+#[pymethods]
+impl RateLimiter {
+    /// Sampling waits until the table holds `min_size` trajectories;
+    /// writers never wait.
+    #[staticmethod]
+    fn min_size(min_size: u64) -> Self {
+        RateLimiter { kind: LimiterKind::Ratio(RateLimiterConfig::min_size(min_size)) }
+    }
+
+    /// Keep `inserts * samples_per_insert - samples` within
+    /// `min_size * samples_per_insert ± error_buffer`: whichever side would
+    /// leave the range waits.
+    #[staticmethod]
+    fn sample_to_insert_ratio(samples_per_insert: f64, min_size_to_sample: u64, error_buffer: f64) -> PyResult<Self> {
+        let c = RateLimiterConfig::sample_to_insert_ratio(samples_per_insert, min_size_to_sample, error_buffer)
+            .map_err(Error::from)?;
+        Ok(RateLimiter { kind: LimiterKind::Ratio(c) })
+    }
+
+    /// A queue of `size` trajectories: FIFO, each sampled exactly once,
+    /// writers wait while `size` unsampled trajectories are stored.
+    #[staticmethod]
+    fn queue(size: u64) -> Self {
+        RateLimiter { kind: LimiterKind::Queue(size) }
+    }
+
+    /// Like `queue`, newest first.
+    #[staticmethod]
+    fn stack(size: u64) -> Self {
+        RateLimiter { kind: LimiterKind::Stack(size) }
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.kind {
+            LimiterKind::Ratio(c) => format!(
+                "RateLimiter(samples_per_insert={}, min_size_to_sample={}, min_diff={}, max_diff={})",
+                c.samples_per_insert, c.min_size_to_sample, c.min_diff, c.max_diff
+            ),
+            LimiterKind::Queue(n) => format!("RateLimiter.queue({n})"),
+            LimiterKind::Stack(n) => format!("RateLimiter.stack({n})"),
+        }
+    }
+}
+
+fn strategy(name: &str) -> Result<StrategyKind> {
+    name.parse().map_err(|e: gear_sampler::Error| Error::Spec(e.to_string()))
+}
+
+/// Parses `columns`: a sequence of `(name, dtype)` or `(name, dtype, shape)`.
+fn parse_columns(columns: &Bound<'_, PyAny>) -> Result<Vec<ColumnSpec>> {
+    let mut out = Vec::new();
+    for item in columns.try_iter().map_err(|_| Error::Spec("columns must be a list of (name, dtype, shape)".into()))? {
+        let item = item?;
+        let tuple = item.cast::<PyTuple>().map_err(|_| {
+            Error::Spec(format!("column {}: expected a tuple (name, dtype, shape)", dtype::repr(&item)))
+        })?;
+        if !(2..=3).contains(&tuple.len()) {
+            return Err(Error::Spec(format!(
+                "column {}: expected (name, dtype) or (name, dtype, shape)",
+                dtype::repr(&item)
+            )));
+        }
+        let name: String = tuple
+            .get_item(0)?
+            .extract()
+            .map_err(|_| Error::Spec(format!("column {}: name must be a string", dtype::repr(&item))))?;
+        let dt = dtype::parse(&tuple.get_item(1)?)?;
+        let shape: Vec<u64> = if tuple.len() == 3 {
+            let s = tuple.get_item(2)?;
+            if let Ok(n) = s.extract::<u64>() {
+                vec![n]
+            } else {
+                s.extract().map_err(|_| {
+                    Error::Spec(format!(
+                        "column `{name}`: shape must be a tuple of non-negative ints, got {}",
+                        dtype::repr(&s)
+                    ))
+                })?
+            }
+        } else {
+            Vec::new()
+        };
+        out.push(ColumnSpec::new(name, dt, shape));
+    }
+    Ok(out)
+}
+
+fn infos_of(spec: &TableSpec) -> Arc<[ColumnInfo]> {
+    spec.columns()
+        .iter()
+        .map(|c| ColumnInfo {
+            name: c.name().to_owned(),
+            dtype: c.dtype(),
+            shape: c.shape().iter().map(|&d| d as usize).collect(),
+        })
+        .collect()
+}
+
+/// A replay table: columns of trajectories, a sampling and an eviction
+/// strategy, a rate limiter; process-private, or in shared memory under
+/// `name` so other processes can `Table.attach(name)`.
+#[pyclass(module = "gear._gear", frozen)]
+pub struct Table {
+    inner: ReplayTable,
+    infos: Arc<[ColumnInfo]>,
+}
+
+#[pymethods]
+impl Table {
+    /// Creates a table. `columns`: `[(name, dtype, shape), ...]` with dtype
+    /// a NumPy dtype or name (`"float32"`, `np.uint8`, `"bfloat16"`) and
+    /// shape the per-step shape (`()` for scalars). `max_len`: steps per
+    /// trajectory at most; `capacity`: trajectories. `sampler`/`remover`:
+    /// `"uniform"`, `"prioritized"` (with `alpha`, `beta`), `"fifo"`,
+    /// `"lifo"`, `"max-heap"`, `"min-heap"`. `name`: shared memory in
+    /// `/dev/shm` (`None`: process-private).
+    #[new]
+    #[pyo3(signature = (
+        columns, max_len, capacity, *, sampler="uniform", remover="fifo", alpha=0.6, beta=0.4,
+        stratified=true, max_times_sampled=None, rate_limiter=None, name=None, seed=0,
+        sample_while_writing=false, collector_threads=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        columns: &Bound<'_, PyAny>,
+        max_len: u64,
+        capacity: u64,
+        sampler: &str,
+        remover: &str,
+        alpha: f64,
+        beta: f64,
+        stratified: bool,
+        max_times_sampled: Option<u64>,
+        rate_limiter: Option<RateLimiter>,
+        name: Option<String>,
+        seed: u64,
+        sample_while_writing: bool,
+        collector_threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let spec = TableSpec::new(parse_columns(columns)?, max_len, capacity).map_err(Error::from)?;
+        let infos = infos_of(&spec);
+        let params = StrategyParams { alpha, beta, stratified };
+        let mut b = ReplayTable::builder(spec)
+            .sampler_kind(strategy(sampler)?, params)
+            .remover_kind(strategy(remover)?)
+            .seed(seed)
+            .sample_while_writing(sample_while_writing);
+        if let Some(n) = max_times_sampled {
+            b = b.max_times_sampled(n);
+        }
+        if let Some(n) = collector_threads {
+            b = b.collector_threads(n);
+        }
+        if let Some(name) = name {
+            b = b.shared_memory(name);
+        }
+        b = match rate_limiter.map(|r| r.kind) {
+            None => b,
+            Some(LimiterKind::Ratio(c)) => b.rate_limiter(c),
+            Some(LimiterKind::Queue(n)) => b.queue(n).map_err(Error::from)?,
+            Some(LimiterKind::Stack(n)) => b.stack(n).map_err(Error::from)?,
+        };
+        let inner = py.detach(|| b.build()).map_err(Error::from)?;
+        Ok(Table { inner, infos })
+    }
+
+    /// Attaches to the shared table `name` another process created.
+    /// `timeout`: longest wait for the table lock, in seconds.
+    #[staticmethod]
+    #[pyo3(signature = (name, *, timeout=30.0, dir=None))]
+    fn attach(py: Python<'_>, name: &str, timeout: Option<f64>, dir: Option<std::path::PathBuf>) -> PyResult<Self> {
+        let options = AttachOptions { dir, timeout: wait::seconds(timeout, "timeout")?, ..AttachOptions::default() };
+        let inner = py.detach(|| ReplayTable::attach(name, options)).map_err(Error::from)?;
+        let infos = infos_of(inner.spec());
+        Ok(Table { inner, infos })
+    }
+
+    /// Pickles a shared table as "attach by name", so `multiprocessing`
+    /// children and DataLoader workers get the same table.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let name = slf.get().inner.name().map(str::to_owned).ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(
+                "a process-private table cannot be sent to another process; create it with name=... to share it",
+            )
+        })?;
+        Ok((slf.get_type().getattr("attach")?, (name,)))
+    }
+
+    /// A writer for actors; `timeout`: longest wait for the rate limiter,
+    /// in seconds (`None`: as long as it takes; Ctrl-C still interrupts).
+    #[pyo3(signature = (timeout=None))]
+    fn writer(&self, timeout: Option<f64>) -> PyResult<Writer> {
+        Ok(Writer::new(&self.inner, self.infos.clone(), wait::seconds(timeout, "timeout")?))
+    }
+
+    /// A sampler of `batch_size` rows. `window`: steps per row (`None`:
+    /// whole trajectories, `max_len` steps); by default the last `window`
+    /// steps, padded at the head. `offset`: the first step instead
+    /// (negative: from the end), padded at the tail unless `pad="head"`.
+    /// `columns`: only these. `timeout`: longest wait in seconds.
+    /// `random_start`: each row starts at a random step (R2D2-style).
+    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn sampler(
+        &self,
+        py: Python<'_>,
+        batch_size: usize,
+        window: Option<u64>,
+        offset: Option<i64>,
+        pad: Option<&str>,
+        columns: Option<Vec<String>>,
+        timeout: Option<f64>,
+        random_start: bool,
+    ) -> PyResult<Sampler> {
+        let config = self.sample_config(batch_size, window, offset, pad, columns, timeout, random_start)?;
+        Ok(Sampler::new(py, &self.inner, config)?)
+    }
+
+    /// A sampler that gathers on CUDA device `device` (wheels built with
+    /// the `cuda` feature): arguments as for `sampler`, plus `ring`, the
+    /// batches gathered ahead. Raises `GearError` where no GPU is usable.
+    #[cfg(feature = "cuda")]
+    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false, device=0, ring=2))]
+    #[allow(clippy::too_many_arguments)]
+    fn cuda_sampler(
+        &self,
+        py: Python<'_>,
+        batch_size: usize,
+        window: Option<u64>,
+        offset: Option<i64>,
+        pad: Option<&str>,
+        columns: Option<Vec<String>>,
+        timeout: Option<f64>,
+        random_start: bool,
+        device: usize,
+        ring: usize,
+    ) -> PyResult<crate::cuda::CudaSampler> {
+        let config = self.sample_config(batch_size, window, offset, pad, columns, timeout, random_start)?;
+        let table = &self.inner;
+        let infos = &self.infos;
+        Ok(py.detach(|| crate::cuda::CudaSampler::new(table, infos, config, device, ring))?)
+    }
+
+    /// Sets priorities by key (arrays or lists). Keys of evicted
+    /// trajectories are ignored; a NaN, negative or infinite priority
+    /// refuses the whole call. Returns how many were applied.
+    fn update_priorities(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        priorities: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let np = py.import("numpy")?;
+        let keys: Vec<u64> = np
+            .call_method1("asarray", (keys, "uint64"))
+            .and_then(|a| a.call_method0("ravel"))
+            .and_then(|a| a.call_method0("tolist"))
+            .and_then(|l| l.extract())
+            .map_err(|e| Error::Step(format!("keys: expected unsigned 64-bit keys ({e})")))?;
+        let priorities = float_vec(priorities, "priorities")?;
+        if keys.len() != priorities.len() {
+            return Err(Error::Step(format!("{} keys but {} priorities", keys.len(), priorities.len())).into());
+        }
+        let updates: Vec<(SlotKey, f64)> = keys.iter().map(|&k| SlotKey::from_u64(k)).zip(priorities).collect();
+        let table = &self.inner;
+        Ok(py.detach(|| table.update_priorities(&updates)).map_err(Error::from)?)
+    }
+
+    /// Counters and rate-limiter state, as a dict.
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let table = &self.inner;
+        let i = py.detach(|| table.info()).map_err(Error::from)?;
+        let d = PyDict::new(py);
+        d.set_item("size", i.size)?;
+        d.set_item("capacity", i.capacity)?;
+        d.set_item("inserts", i.inserts)?;
+        d.set_item("samples", i.samples)?;
+        d.set_item("evictions", i.evictions)?;
+        d.set_item("retired", i.retired)?;
+        d.set_item("reclaimed", i.reclaimed)?;
+        d.set_item("limiter_error", i.limiter_error)?;
+        d.set_item("insert_wait_s", i.insert_wait.as_secs_f64())?;
+        d.set_item("sample_wait_s", i.sample_wait.as_secs_f64())?;
+        d.set_item("bytes_written", i.bytes_written)?;
+        d.set_item("bytes_gathered", i.bytes_gathered)?;
+        d.set_item("slots_free", i.slots.free)?;
+        d.set_item("slots_writing", i.slots.writing)?;
+        d.set_item("slots_committed", i.slots.committed)?;
+        Ok(d)
+    }
+
+    /// Trajectories that can be sampled now.
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        let table = &self.inner;
+        Ok(py.detach(|| table.info()).map_err(Error::from)?.size as usize)
+    }
+
+    /// Trajectories committed since creation, read without the table
+    /// lock (a cheap progress counter; `info()` takes the lock).
+    #[getter]
+    fn inserts(&self) -> u64 {
+        self.inner.inserts()
+    }
+
+    /// The shared-memory name (`None`: process-private).
+    #[getter]
+    fn name(&self) -> Option<String> {
+        self.inner.name().map(str::to_owned)
+    }
+
+    /// Steps per trajectory at most.
+    #[getter]
+    fn max_len(&self) -> u64 {
+        self.inner.spec().max_len()
+    }
+
+    /// Trajectories the table holds at most.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.inner.spec().capacity()
+    }
+
+    /// `[(name, dtype name, shape), ...]`.
+    #[getter]
+    fn columns(&self) -> Vec<(String, String, Vec<usize>)> {
+        self.infos.iter().map(|c| (c.name.clone(), c.dtype.name().to_owned(), c.shape.clone())).collect()
+    }
+
+    /// Closes the table for every process: waiting writers and samplers
+    /// raise `ClosedError`, later waits fail at once.
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Reclaims the slots of writers that died; returns how many.
+    fn reclaim_dead(&self, py: Python<'_>) -> PyResult<u64> {
+        let table = &self.inner;
+        Ok(py.detach(|| table.reclaim_dead()).map_err(Error::from)?)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Table(name={:?}, columns={:?}, max_len={}, capacity={})",
+            self.inner.name(),
+            self.columns(),
+            self.max_len(),
+            self.capacity()
+        )
+    }
+}
+
+impl Table {
+    /// The sampler configuration `sampler` and `cuda_sampler` share.
+    #[allow(clippy::too_many_arguments)]
+    fn sample_config(
+        &self,
+        batch_size: usize,
+        window: Option<u64>,
+        offset: Option<i64>,
+        pad: Option<&str>,
+        columns: Option<Vec<String>>,
+        timeout: Option<f64>,
+        random_start: bool,
+    ) -> Result<SampleConfig> {
+        let max_len = self.inner.spec().max_len();
+        let mut w = match (window, offset) {
+            (None, None) => WindowSpec::whole(max_len),
+            (Some(l), None) => WindowSpec::last(l),
+            (l, Some(o)) => WindowSpec { offset: o, len: l.unwrap_or(max_len), pad: Pad::Tail },
+        };
+        match pad {
+            None => {}
+            Some("head") => w.pad = Pad::Head,
+            Some("tail") => w.pad = Pad::Tail,
+            Some(other) => return Err(Error::Spec(format!("pad must be \"head\" or \"tail\", got {other:?}"))),
+        }
+        let mut config = SampleConfig::new(batch_size, w).timeout(wait::seconds(timeout, "timeout")?);
+        if let Some(cols) = columns {
+            for c in &cols {
+                if self.inner.spec().column_index(c).is_err() {
+                    return Err(Error::Spec(format!("unknown column `{c}`; the table has {:?}", self.column_names())));
+                }
+            }
+            config = config.columns(cols);
+        }
+        if random_start {
+            config = config.random_start();
+        }
+        Ok(config)
+    }
+
+    fn column_names(&self) -> Vec<String> {
+        self.infos.iter().map(|c| c.name.clone()).collect()
+    }
+}
