@@ -93,6 +93,7 @@ impl SlotKeys {
     }
 
     /// Ok when `key` may be inserted: its slot is in range and not held.
+    #[inline]
     pub(crate) fn check_insert(&self, key: SlotKey, who: &str) -> Result<()> {
         match self.generation.get(key.slot as usize) {
             None => Err(out_of_range(key, self.generation.len())),
@@ -112,6 +113,7 @@ impl SlotKeys {
     }
 
     /// Records `key` as held. Call after [`SlotKeys::check_insert`].
+    #[inline]
     pub(crate) fn mark(&mut self, key: SlotKey) {
         debug_assert!(self.check_insert(key, "").is_ok());
         self.generation[key.slot as usize] = u64::from(key.generation);
@@ -175,6 +177,7 @@ impl<T: Copy + Default> DenseKeys<T> {
     }
 
     /// Ok when `key` may be inserted: its slot is in range and not held.
+    #[inline]
     pub(crate) fn check_insert(&self, key: SlotKey, who: &str) -> Result<()> {
         match self.entries.get(key.slot as usize) {
             None => Err(out_of_range(key, self.entries.len())),
@@ -215,6 +218,7 @@ impl<T: Copy + Default> DenseKeys<T> {
     }
 
     /// Adds `key` with `value`. Call after [`DenseKeys::check_insert`].
+    #[inline]
     pub(crate) fn insert(&mut self, key: SlotKey, value: T) {
         debug_assert!(self.check_insert(key, "").is_ok());
         let pos = self.items.len() as u32;

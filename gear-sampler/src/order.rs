@@ -41,6 +41,7 @@ impl InsertionList {
         Ok(())
     }
 
+    #[inline]
     fn insert(&mut self, key: SlotKey, priority: Option<f64>, who: &str) -> Result<f64> {
         self.keys.check_insert(key, who)?;
         let p = check_priority(priority.unwrap_or(1.0))?;
