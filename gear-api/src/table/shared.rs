@@ -41,6 +41,10 @@ pub(super) struct Local {
     /// The remover's random stream (samplers bring their own).
     pub(super) rng: Xoshiro256,
     pub(super) scratch: Vec<Sampled>,
+    /// The priorities the sampler and the remover recorded for a batch
+    /// being committed (kept to reuse their allocations).
+    pub(super) recorded: Vec<f64>,
+    pub(super) recorded_remover: Vec<f64>,
 }
 
 impl Local {
@@ -130,6 +134,8 @@ impl Shared {
             rebuild_epoch: 0,
             rng: Xoshiro256::seed_from_u64(seed ^ process_salt(creator, &lease)),
             scratch: Vec::new(),
+            recorded: Vec::new(),
+            recorded_remover: Vec::new(),
         };
         let collector = match collector_threads {
             Some(n) => gear_cpu::CpuCollector::with_threads(n),
