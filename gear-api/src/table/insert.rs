@@ -250,11 +250,12 @@ impl ReplayTable {
             in_remover[key.slot as usize] = Some(key);
         }
         let recorded = std::mem::take(&mut l.local.recorded);
-        for (i, (&key, &p)) in keys_in.iter().zip(&recorded).take(inserted).enumerate() {
-            l.append_log(Change { key, op: LogOp::Insert, target: target::BOTH, priority: p });
+        let recorded_in = &recorded[..inserted.min(recorded.len())];
+        l.append_inserts(&keys_in[..recorded_in.len()], recorded_in);
+        for (i, (&key, &p)) in keys_in.iter().zip(recorded_in).enumerate() {
             // `begin_write` stored the priority the writer gave (0 when
             // none); the strategy's choice replaces it.
-            let given = priorities.map_or(0.0, |p| p[i]);
+            let given = priorities.and_then(|p| p.get(i).copied()).unwrap_or(0.0);
             if p.to_bits() != given.to_bits() {
                 if let Ok(rec) = region.slot(key.slot) {
                     rec.set_priority(key, p);

@@ -394,6 +394,28 @@ impl<'a> Locked<'a> {
         self.local.applied = seq.wrapping_add(1);
     }
 
+    /// [`Locked::append_log`] of an `Insert` into both strategies for each
+    /// of `keys`, with `priorities[i]`: the ring position is found once
+    /// for the batch, not by a division per entry.
+    pub(super) fn append_inserts(&mut self, keys: &[SlotKey], priorities: &[f64]) {
+        let ctl = self.sh.region.control();
+        let log = self.sh.region.log();
+        let mut seq = ctl.log_head.load(Ordering::Relaxed);
+        let Some(mut at) = seq.checked_rem(log.len() as u64) else { return };
+        for (&key, &priority) in keys.iter().zip(priorities) {
+            if let Some(entry) = log.get(at as usize) {
+                entry.store(seq, Change { key, op: LogOp::Insert, target: target::BOTH, priority });
+            }
+            seq = seq.wrapping_add(1);
+            at += 1;
+            if at == log.len() as u64 {
+                at = 0;
+            }
+        }
+        ctl.log_head.store(seq, Ordering::Relaxed);
+        self.local.applied = seq;
+    }
+
     /// Inserts `key` into this process's sampler (which chooses the
     /// priority when `priority` is `None`) and, with `remover`, into the
     /// remover with the same priority; logs the insert. Returns the priority.
