@@ -169,6 +169,12 @@ impl<T: Copy + Default> DenseKeys<T> {
         // Read at random by uniform draws, like the per-slot arrays.
         let bytes = capacity.saturating_mul(std::mem::size_of::<SlotKey>());
         gear_core::hint::advise_huge_pages(self.items.as_ptr().cast(), bytes);
+        // Fault the reserved array in now, as `filled` does for the other
+        // per-slot arrays: otherwise the first inserts into each 2 MiB of
+        // it take a huge-page fault (and its zeroing) while the table lock
+        // is held. No reallocation: the capacity is reserved.
+        self.items.resize(capacity, SlotKey { slot: 0, generation: 0 });
+        self.items.clear();
         Ok(())
     }
 
