@@ -424,6 +424,7 @@ macro_rules! row_metadata {
         }
     };
 }
+// Only the CUDA sampler uses it from another module.
 #[cfg(feature = "cuda")]
 pub(crate) use row_metadata;
 

@@ -249,21 +249,16 @@ impl Writer {
     }
 
     /// Writes and publishes trajectories `first..` of a checked batch into
-    /// the slots of `keys`.
+    /// the slots of `keys` ([`gear_core::TableRegion::write_batch`]: sizes
+    /// checked once, each key once for all its columns).
     fn write_batch(&self, keys: &[SlotKey], first: usize, steps: u64, columns: &[StepValue<'_>]) -> Result<()> {
         let region = &self.table.shared.region;
-        let mut bytes = 0u64;
-        for (i, &key) in (first..).zip(keys) {
-            for (c, v) in columns.iter().enumerate() {
-                // Checked by `insert_batch`: `v.bytes` holds `count * steps`
-                // steps, so these products fit and the range is inside.
-                let per = (region.layout().step_bytes(c) * steps) as usize;
-                region.write_steps(key, c, 0, &v.bytes[i * per..(i + 1) * per])?;
-                bytes += per as u64;
-            }
-            region.slot(key.slot)?.publish_len(key, steps)?;
-        }
-        region.control().bytes_written.fetch_add(bytes, Ordering::Relaxed);
+        let bytes: Vec<&[u8]> = columns.iter().map(|v| v.bytes).collect();
+        region.write_batch(keys, first, steps, &bytes)?;
+        // Checked by `insert_batch`: `count * steps` steps of every column
+        // fit in the spec's sizes, so this product does too.
+        let per_item = region.layout().row_bytes() * steps;
+        region.control().bytes_written.fetch_add(per_item * keys.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 

@@ -366,6 +366,62 @@ impl<R: MemoryRegion> TableRegion<R> {
         Ok(())
     }
 
+    /// Writes trajectories `first..first + keys.len()` of a batch of
+    /// trajectories of `steps` steps each into the slots of `keys` (being
+    /// written), every column, and publishes their `steps` steps: column
+    /// `c` of trajectory `i` is `columns[c][i * steps * s[c]..][..steps *
+    /// s[c]]`. The small-item form of [`TableRegion::write_steps`] and
+    /// [`SlotRecord::publish_len`]: the sizes are checked once per batch,
+    /// each key once for all its columns, and nothing is divided.
+    ///
+    /// Refused, with nothing copied, unless `steps <= T`, there is one
+    /// slice per column and each holds the batch's bytes. A key that is not
+    /// current and `Writing` stops the batch with an error; the trajectories
+    /// before it are written and published.
+    pub fn write_batch(&self, keys: &[SlotKey], first: usize, steps: u64, columns: &[&[u8]]) -> Result<()> {
+        if columns.len() != self.layout.columns() {
+            return Err(Error::StepColumns { got: columns.len(), expected: self.layout.columns() });
+        }
+        if steps > self.spec.max_len() {
+            let name = self.spec.columns().first().map_or("", |c| c.name()).to_owned();
+            return Err(Error::TrajectoryTooLong { column: name, max_len: self.spec.max_len() });
+        }
+        let end = first.checked_add(keys.len());
+        // Per column: bytes per trajectory and where the column starts in a
+        // slot. `steps <= T`, so `per` is at most a slot's column and fits.
+        let mut plan = Vec::with_capacity(columns.len());
+        for (c, bytes) in columns.iter().enumerate() {
+            let per = (self.layout.step_bytes(c) * steps) as usize;
+            if end.and_then(|n| n.checked_mul(per)).is_none_or(|need| need > bytes.len()) {
+                return Err(Error::StepSize {
+                    column: self.spec.columns()[c].name().to_owned(),
+                    got: bytes.len() as u64,
+                    expected: (per as u64).saturating_mul(end.unwrap_or(usize::MAX) as u64),
+                });
+            }
+            plan.push((bytes.as_ptr(), per, self.layout.offset(0, c, 0) as usize));
+        }
+        let data = self.data_ptr().as_ptr();
+        let stride = self.layout.slot_stride() as usize;
+        for (i, &key) in (first..).zip(keys) {
+            let rec = self.slot(key.slot)?;
+            rec.check(key, SlotState::Writing, "append steps")?;
+            let slot = key.slot as usize * stride;
+            for &(src, per, base) in &plan {
+                // SAFETY: `i < first + keys.len()` and `(first + keys.len())
+                // * per <= bytes.len()` (checked above), so the source range
+                // is inside the column's bytes; the destination, steps
+                // `0..steps <= T` of a column of a slot `< capacity` (the
+                // record lookup checked it), lies inside the data area. The
+                // slot is `Writing` and ours, as in `write_steps`; readers
+                // follow the seqlock protocol.
+                unsafe { crate::copy::copy_bytes(src.add(i * per), data.add(slot + base), per) };
+            }
+            rec.publish_len(key, steps)?;
+        }
+        Ok(())
+    }
+
     /// Copies `steps` steps of one column of `key`'s trajectory into `out`,
     /// with the seqlock check. Returns `Ok(false)` if the slot was reused
     /// while copying (the bytes in `out` are then garbage), an error if the

@@ -84,6 +84,24 @@ pub trait Selector: Send + Sync {
     /// largest seen so far) and returns the priority it recorded.
     fn insert(&mut self, key: SlotKey, priority: Option<f64>) -> Result<f64>;
 
+    /// Adds many committed trajectories in order, as [`Selector::insert`]
+    /// of each would: `priorities`, when given, holds one priority per key
+    /// (`None`: the strategy chooses each). Appends each recorded priority
+    /// to `recorded`. On an error the keys before the failing one stay
+    /// inserted (`recorded` grew by that many); it and the rest are not.
+    ///
+    /// Strategies override it to share work across a batch (prioritized
+    /// replay refreshes each sum-tree node once per batch instead of once
+    /// per key); whatever they defer is done before it returns, so every
+    /// later call, and every draw, sees the whole batch.
+    fn insert_batch(&mut self, keys: &[SlotKey], priorities: Option<&[f64]>, recorded: &mut Vec<f64>) -> Result<()> {
+        check_batch_priorities(keys, priorities)?;
+        for (i, &key) in keys.iter().enumerate() {
+            recorded.push(self.insert(key, priorities.and_then(|p| p.get(i).copied()))?);
+        }
+        Ok(())
+    }
+
     /// Changes the priority of a stored trajectory.
     fn update(&mut self, key: SlotKey, priority: f64) -> Result<()>;
 
@@ -134,6 +152,9 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     fn insert(&mut self, key: SlotKey, priority: Option<f64>) -> Result<f64> {
         (**self).insert(key, priority)
     }
+    fn insert_batch(&mut self, keys: &[SlotKey], priorities: Option<&[f64]>, recorded: &mut Vec<f64>) -> Result<()> {
+        (**self).insert_batch(keys, priorities, recorded)
+    }
     fn update(&mut self, key: SlotKey, priority: f64) -> Result<()> {
         (**self).update(key, priority)
     }
@@ -151,6 +172,17 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     }
     fn selection_rule(&self) -> Option<SelectionRule> {
         (**self).selection_rule()
+    }
+}
+
+/// Checks that [`Selector::insert_batch`] got one priority per key, when
+/// it got priorities.
+pub fn check_batch_priorities(keys: &[SlotKey], priorities: Option<&[f64]>) -> Result<()> {
+    match priorities {
+        Some(p) if p.len() != keys.len() => {
+            Err(crate::Error::Selection(format!("{} priorities given for a batch of {} keys", p.len(), keys.len())))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -180,3 +180,51 @@ fn host_table_round_trips_steps() {
     assert!(table.read_steps(key, 0, 0, &mut back).unwrap());
     assert_eq!(back, obs);
 }
+
+/// `TableRegion::write_batch` writes and publishes each trajectory as
+/// `write_steps` of every column and `publish_len` would, and refuses bad
+/// sizes before copying anything.
+#[test]
+fn write_batch_matches_write_steps_and_refuses_before_copying() {
+    let table = create_host_table(&spec()).unwrap();
+    let steps = 3u64;
+    let keys: Vec<_> =
+        (0..3u32).map(|s| table.slot(s).unwrap().begin_write(s, 1, u64::from(s), 1.0).unwrap()).collect();
+    // Four trajectories' bytes; the batch writes items 1..4 into slots 0..3.
+    let columns: Vec<Vec<u8>> = (0..3)
+        .map(|c| {
+            let s = table.layout().step_bytes(c) as usize;
+            (0..4u64).flat_map(|i| pattern(i, c, 0, s * steps as usize)).collect()
+        })
+        .collect();
+    let bytes: Vec<&[u8]> = columns.iter().map(Vec::as_slice).collect();
+    let short: Vec<&[u8]> =
+        bytes.iter().enumerate().map(|(c, b)| if c == 2 { &b[..b.len() - 1] } else { *b }).collect();
+    assert!(matches!(table.write_batch(&keys, 1, steps, &short), Err(CoreError::StepSize { .. })));
+    assert!(matches!(table.write_batch(&keys, 1, steps, &bytes[..2]), Err(CoreError::StepColumns { .. })));
+    assert!(matches!(table.write_batch(&keys, 1, 17, &bytes), Err(CoreError::TrajectoryTooLong { .. })));
+    for &key in &keys {
+        let rec = table.slot(key.slot).unwrap();
+        assert_eq!(rec.meta(key.slot).len, 0, "a refused batch publishes nothing");
+        rec.publish_len(key, steps).unwrap();
+        let mut back = vec![0u8; columns[0].len() / 4];
+        assert!(table.read_steps(key, 0, 0, &mut back).unwrap());
+        assert!(back.iter().all(|&b| b == 0), "a refused batch copies nothing");
+    }
+    table.write_batch(&keys, 1, steps, &bytes).unwrap();
+    for (i, &key) in (1..).zip(&keys) {
+        assert_eq!(table.slot(key.slot).unwrap().meta(key.slot).len, steps);
+        for (c, col) in columns.iter().enumerate() {
+            let per = col.len() / 4;
+            let mut back = vec![0u8; per];
+            assert!(table.read_steps(key, c, 0, &mut back).unwrap());
+            assert_eq!(back, col[i * per..(i + 1) * per], "slot {} column {c}", key.slot);
+        }
+    }
+    // A key that is no longer being written stops the batch there.
+    table.slot(keys[1].slot).unwrap().commit(keys[1]).unwrap();
+    let e = table.write_batch(&keys, 0, 1, &bytes).unwrap_err();
+    assert!(matches!(e, CoreError::SlotState { .. }), "{e}");
+    assert_eq!(table.slot(keys[0].slot).unwrap().meta(keys[0].slot).len, 1, "the key before it was written");
+    assert_eq!(table.slot(keys[2].slot).unwrap().meta(keys[2].slot).len, steps, "the key after it was not");
+}

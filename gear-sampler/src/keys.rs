@@ -93,6 +93,7 @@ impl SlotKeys {
     }
 
     /// Ok when `key` may be inserted: its slot is in range and not held.
+    #[inline]
     pub(crate) fn check_insert(&self, key: SlotKey, who: &str) -> Result<()> {
         match self.generation.get(key.slot as usize) {
             None => Err(out_of_range(key, self.generation.len())),
@@ -112,6 +113,7 @@ impl SlotKeys {
     }
 
     /// Records `key` as held. Call after [`SlotKeys::check_insert`].
+    #[inline]
     pub(crate) fn mark(&mut self, key: SlotKey) {
         debug_assert!(self.check_insert(key, "").is_ok());
         self.generation[key.slot as usize] = u64::from(key.generation);
@@ -167,6 +169,12 @@ impl<T: Copy + Default> DenseKeys<T> {
         // Read at random by uniform draws, like the per-slot arrays.
         let bytes = capacity.saturating_mul(std::mem::size_of::<SlotKey>());
         gear_core::hint::advise_huge_pages(self.items.as_ptr().cast(), bytes);
+        // Fault the reserved array in now, as `filled` does for the other
+        // per-slot arrays: otherwise the first inserts into each 2 MiB of
+        // it take a huge-page fault (and its zeroing) while the table lock
+        // is held. No reallocation: the capacity is reserved.
+        self.items.resize(capacity, SlotKey { slot: 0, generation: 0 });
+        self.items.clear();
         Ok(())
     }
 
@@ -175,6 +183,7 @@ impl<T: Copy + Default> DenseKeys<T> {
     }
 
     /// Ok when `key` may be inserted: its slot is in range and not held.
+    #[inline]
     pub(crate) fn check_insert(&self, key: SlotKey, who: &str) -> Result<()> {
         match self.entries.get(key.slot as usize) {
             None => Err(out_of_range(key, self.entries.len())),
@@ -215,6 +224,7 @@ impl<T: Copy + Default> DenseKeys<T> {
     }
 
     /// Adds `key` with `value`. Call after [`DenseKeys::check_insert`].
+    #[inline]
     pub(crate) fn insert(&mut self, key: SlotKey, value: T) {
         debug_assert!(self.check_insert(key, "").is_ok());
         let pos = self.items.len() as u32;

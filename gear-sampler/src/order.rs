@@ -6,7 +6,7 @@
 //! pointers and objects") keeps insert, remove and each step of a walk O(1)
 //! with no allocation after `prepare`.
 
-use gear_core::{check_priority, Error, RandomSource, Result, Sampled, Selector, SlotKey};
+use gear_core::{check_batch_priorities, check_priority, Error, RandomSource, Result, Sampled, Selector, SlotKey};
 
 use crate::keys::{check_capacity, filled, reserve_draws, SlotKeys, NONE};
 
@@ -41,6 +41,7 @@ impl InsertionList {
         Ok(())
     }
 
+    #[inline]
     fn insert(&mut self, key: SlotKey, priority: Option<f64>, who: &str) -> Result<f64> {
         self.keys.check_insert(key, who)?;
         let p = check_priority(priority.unwrap_or(1.0))?;
@@ -54,6 +55,34 @@ impl InsertionList {
         }
         self.tail = s;
         Ok(p)
+    }
+
+    /// [`InsertionList::insert`] of each key in order, in one loop (the
+    /// remover of every table takes each batch of small inserts here).
+    fn insert_batch(
+        &mut self,
+        keys: &[SlotKey],
+        priorities: Option<&[f64]>,
+        recorded: &mut Vec<f64>,
+        who: &str,
+    ) -> Result<()> {
+        check_batch_priorities(keys, priorities)?;
+        recorded.reserve(keys.len());
+        for (i, &key) in keys.iter().enumerate() {
+            self.keys.check_insert(key, who)?;
+            let p = check_priority(priorities.and_then(|p| p.get(i).copied()).unwrap_or(1.0))?;
+            self.keys.mark(key);
+            let s = key.slot;
+            self.prev[s as usize] = self.tail;
+            self.next[s as usize] = NONE;
+            match self.tail {
+                NONE => self.head = s,
+                t => self.next[t as usize] = s,
+            }
+            self.tail = s;
+            recorded.push(p);
+        }
+        Ok(())
     }
 
     fn update(&mut self, key: SlotKey, priority: f64, who: &str) -> Result<()> {
@@ -146,6 +175,15 @@ macro_rules! insertion_order_selector {
 
             fn insert(&mut self, key: SlotKey, priority: Option<f64>) -> Result<f64> {
                 self.list.insert(key, priority, $name)
+            }
+
+            fn insert_batch(
+                &mut self,
+                keys: &[SlotKey],
+                priorities: Option<&[f64]>,
+                recorded: &mut Vec<f64>,
+            ) -> Result<()> {
+                self.list.insert_batch(keys, priorities, recorded, $name)
             }
 
             fn update(&mut self, key: SlotKey, priority: f64) -> Result<()> {

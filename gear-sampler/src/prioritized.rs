@@ -11,7 +11,9 @@
 //! the draw is uniform over all items; masses are bounded so the total
 //! cannot overflow; stale keys in [`Prioritized::update_batch`] are skipped.
 
-use gear_core::{check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey};
+use gear_core::{
+    check_batch_priorities, check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey,
+};
 
 use crate::keys::{check_capacity, reserve_draws, DenseKeys};
 use crate::sum_tree::{SumTree, GROUP};
@@ -388,6 +390,43 @@ impl Selector for Prioritized {
         self.members.insert(key, p);
         self.store(key.slot as usize, p, true);
         Ok(p)
+    }
+
+    /// Records each key as [`Selector::insert`] does, writing the leaves
+    /// first and then refreshing every sum-tree node above them once
+    /// ([`SumTree::refresh`]), also when a key is refused part way: the
+    /// tree equals, bit for bit, the one inserting each key would leave.
+    fn insert_batch(&mut self, keys: &[SlotKey], priorities: Option<&[f64]>, recorded: &mut Vec<f64>) -> Result<()> {
+        check_batch_priorities(keys, priorities)?;
+        let mut result = Ok(());
+        let mut done = 0;
+        for (j, &key) in keys.iter().enumerate() {
+            if let Some(ahead) = keys.get(j + UPDATE_LOOKAHEAD) {
+                let slot = ahead.slot as usize;
+                std::hint::black_box(u64::from(self.members.touch(slot)) ^ self.tree.touch_leaf(slot));
+            }
+            let p = match self.members.check_insert(key, NAME) {
+                Ok(()) => match priorities.and_then(|p| p.get(j).copied()) {
+                    Some(p) => self.check(p),
+                    None => Ok(self.default_priority()),
+                },
+                Err(e) => Err(e),
+            };
+            match p {
+                Ok(p) => {
+                    self.members.insert(key, p);
+                    self.store(key.slot as usize, p, false);
+                    recorded.push(p);
+                    done += 1;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.tree.refresh(keys[..done].iter().map(|k| k.slot as usize));
+        result
     }
 
     fn update(&mut self, key: SlotKey, priority: f64) -> Result<()> {

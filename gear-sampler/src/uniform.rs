@@ -4,7 +4,9 @@
 //! (swap-remove), so insert, remove and each draw are O(1) — the design of
 //! Reverb's `UniformSelector` and of most replay buffers.
 
-use gear_core::{check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey};
+use gear_core::{
+    check_batch_priorities, check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey,
+};
 
 use crate::keys::{check_capacity, reserve_draws, DenseKeys};
 use crate::sum_tree::GROUP;
@@ -47,6 +49,19 @@ impl Selector for Uniform {
         let p = check_priority(priority.unwrap_or(1.0))?;
         self.members.insert(key, ());
         Ok(p)
+    }
+
+    /// [`Selector::insert`] of each key in order, in one loop.
+    fn insert_batch(&mut self, keys: &[SlotKey], priorities: Option<&[f64]>, recorded: &mut Vec<f64>) -> Result<()> {
+        check_batch_priorities(keys, priorities)?;
+        recorded.reserve(keys.len());
+        for (i, &key) in keys.iter().enumerate() {
+            self.members.check_insert(key, NAME)?;
+            let p = check_priority(priorities.and_then(|p| p.get(i).copied()).unwrap_or(1.0))?;
+            self.members.insert(key, ());
+            recorded.push(p);
+        }
+        Ok(())
     }
 
     /// Checks the key and the priority; the draw ignores priorities.

@@ -259,3 +259,40 @@ fn prepare_and_capacity_edges() {
         assert!(s.insert(key(0, 1), None).is_err());
     }
 }
+
+/// `insert_batch` leaves every strategy as inserting the keys one by one
+/// does (same recorded priorities, same draws or order), with given and
+/// default priorities; a refused key part way keeps the keys before it
+/// and nothing after; a priority count that does not match is refused
+/// before anything changes.
+#[test]
+fn insert_batch_equals_inserting_one_by_one() {
+    for ((name, mut batched), (_, mut single)) in strategies().into_iter().zip(strategies()) {
+        batched.prepare(u64::from(CAPACITY)).unwrap();
+        single.prepare(u64::from(CAPACITY)).unwrap();
+        let mut r = rng(7);
+        let first: Vec<SlotKey> = (0..20).map(|s| key(s, 1)).collect();
+        let priorities: Vec<f64> = first.iter().map(|_| priority(&mut r)).collect();
+        let mut recorded = Vec::new();
+        batched.insert_batch(&first, Some(&priorities), &mut recorded).unwrap();
+        let one: Vec<f64> = first.iter().zip(&priorities).map(|(&k, &p)| single.insert(k, Some(p)).unwrap()).collect();
+        assert_eq!(recorded, one, "{name}: recorded priorities");
+        // Default priorities, then a key already held part way.
+        let mut second: Vec<SlotKey> = (20..25).map(|s| key(s, 1)).collect();
+        second.push(key(3, 1));
+        second.push(key(30, 1));
+        recorded.clear();
+        assert!(batched.insert_batch(&second, None, &mut recorded).is_err(), "{name}: a held key is refused");
+        assert_eq!(recorded.len(), 5, "{name}: the keys before the refused one stay");
+        for &k in &second[..5] {
+            single.insert(k, None).unwrap();
+        }
+        let short = batched.insert_batch(&[key(40, 1), key(41, 1)], Some(&[1.0]), &mut recorded);
+        assert!(matches!(short, Err(Error::Selection(_))), "{name}: {short:?}");
+        assert_eq!(fingerprint(&mut *batched), fingerprint(&mut *single), "{name}: draws or order");
+        // The key after the refused one is not held: inserting it works.
+        single.insert(key(30, 1), None).unwrap();
+        batched.insert_batch(&[key(30, 1)], None, &mut Vec::new()).unwrap();
+        assert_eq!(fingerprint(&mut *batched), fingerprint(&mut *single), "{name}: after the retry");
+    }
+}

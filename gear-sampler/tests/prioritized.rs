@@ -259,6 +259,70 @@ fn large_batches_rebuild_to_the_same_tree_as_single_updates() {
     assert_eq!(keys(&a), keys(&b));
 }
 
+/// `insert_batch` (leaves first, each tree node refreshed once) leaves the
+/// strategy exactly as inserting the keys one by one does, with given and
+/// default priorities, and stops at a refused key with the keys before it
+/// in and the tree complete: probabilities, weights, the total and the
+/// draws are bit for bit those of the one-by-one strategy.
+#[test]
+fn insert_batch_equals_inserting_one_by_one() {
+    let cap = 3000u32;
+    let mut batched = Prioritized::builder().alpha(0.6).beta(0.4).build().unwrap();
+    batched.prepare(u64::from(cap)).unwrap();
+    let mut single = batched.clone();
+    let mut r = rng(5);
+    let mut next = 0u32;
+    for round in 0..12 {
+        // Runs of fresh slots, as a table's free list hands them out, and
+        // now and then a scattered batch.
+        let n = 1 + r.below(300) as u32;
+        let keys: Vec<SlotKey> = if round % 4 == 3 {
+            (0..n).map(|i| key((next + i * 7) % cap, 1)).filter(|k| single.priority(*k).is_err()).collect()
+        } else {
+            let k = (next..(next + n).min(cap)).map(|s| key(s, 1)).filter(|k| single.priority(*k).is_err()).collect();
+            next = (next + n).min(cap);
+            k
+        };
+        let priorities: Vec<f64> = keys.iter().map(|_| r.next_f64() * 10.0).collect();
+        let given = (round % 3 != 0).then_some(&priorities[..]);
+        let mut recorded = Vec::new();
+        batched.insert_batch(&keys, given, &mut recorded).unwrap();
+        let one_by_one: Vec<f64> =
+            keys.iter().enumerate().map(|(i, &k)| single.insert(k, given.map(|p| p[i])).unwrap()).collect();
+        assert_eq!(recorded, one_by_one);
+        assert_eq!(batched.total_mass().to_bits(), single.total_mass().to_bits(), "round {round}");
+    }
+    // A refused key (already held) part way: those before it stay in.
+    let fresh: Vec<SlotKey> = (0..cap).map(|s| key(s, 1)).filter(|k| single.priority(*k).is_err()).take(10).collect();
+    assert_eq!(fresh.len(), 10);
+    assert!(single.priority(key(0, 1)).is_ok());
+    let mut keys = fresh[..5].to_vec();
+    keys.push(key(0, 1));
+    keys.extend_from_slice(&fresh[5..]);
+    let mut recorded = Vec::new();
+    assert!(batched.insert_batch(&keys, None, &mut recorded).is_err());
+    assert_eq!(recorded.len(), 5);
+    for &k in &fresh[..5] {
+        single.insert(k, None).unwrap();
+    }
+    assert!(batched.priority(fresh[5]).is_err(), "keys after the refused one are not inserted");
+    let short = batched.insert_batch(&fresh[5..], Some(&[1.0]), &mut Vec::new()).unwrap_err();
+    assert!(matches!(short, Error::Selection(_)), "{short}");
+    assert_eq!(batched.len(), single.len());
+    for i in 0..cap {
+        let k = key(i, 1);
+        if let Ok(p) = single.priority(k) {
+            assert_eq!(batched.priority(k).unwrap(), p);
+            assert_eq!(batched.probability(k).unwrap().to_bits(), single.probability(k).unwrap().to_bits());
+            assert_eq!(batched.weight(k).unwrap().to_bits(), single.weight(k).unwrap().to_bits());
+        }
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    batched.sample(256, &mut rng(3), &mut a).unwrap();
+    single.sample(256, &mut rng(3), &mut b).unwrap();
+    assert_eq!(a, b);
+}
+
 #[test]
 fn masses_that_would_overflow_are_refused() {
     let mut s = Prioritized::new(2.0, 0.4).unwrap();

@@ -184,18 +184,93 @@ impl ReplayTable {
                 return Err(e);
             }
         };
-        let mut result = Ok(());
-        for (i, &key) in keys.iter().enumerate() {
-            if let Err(e) = self.commit_locked(&mut l, key, priorities.map(|p| p[i])) {
-                for &later in &keys[i + 1..] {
-                    self.abandon_locked(&mut l, later);
+        let result = if self.shared.sample_while_writing {
+            // Rows may already be in the sampler: one at a time.
+            let mut result = Ok(());
+            for (i, &key) in keys.iter().enumerate() {
+                if let Err(e) = self.commit_locked(&mut l, key, priorities.map(|p| p[i])) {
+                    for &later in &keys[i + 1..] {
+                        self.abandon_locked(&mut l, later);
+                    }
+                    result = Err(e);
+                    break;
                 }
-                result = Err(e);
+            }
+            result
+        } else {
+            self.commit_batch_locked(&mut l, keys, priorities)
+        };
+        l.wake();
+        result
+    }
+
+    /// [`ReplayTable::commit_locked`] of a batch whose rows are in no
+    /// strategy yet (tables that do not sample while writing), with the
+    /// same outcome, done phase by phase: every slot record committed,
+    /// then one [`gear_core::Selector::insert_batch`] per strategy, one
+    /// pass over the change log, the counters once. At the first row that
+    /// fails, it and every later one are given back; those before stay
+    /// committed, in the strategies and in the log.
+    fn commit_batch_locked(&self, l: &mut Locked<'_>, keys: &[SlotKey], priorities: Option<&[f64]>) -> Result<()> {
+        let region = &self.shared.region;
+        let ctl = region.control();
+        sub(&ctl.pending_inserts, keys.len() as u64);
+        let mut error = None;
+        let mut committed = keys.len();
+        for (i, &key) in keys.iter().enumerate() {
+            if let Err(e) = region.slot(key.slot).and_then(|rec| rec.commit(key)) {
+                error = Some(Error::from(e));
+                committed = i;
                 break;
             }
         }
-        l.wake();
-        result
+        let keys_in = &keys[..committed];
+        let priorities_in = priorities.map(|p| &p[..committed]);
+        let Local { sampler, remover, in_sampler, in_remover, recorded, recorded_remover, .. } = &mut *l.local;
+        recorded.clear();
+        if let Err(e) = sampler.insert_batch(keys_in, priorities_in, recorded) {
+            error = Some(e.into());
+        }
+        let mut inserted = recorded.len().min(committed);
+        recorded_remover.clear();
+        if let Err(e) = remover.insert_batch(&keys_in[..inserted], Some(&recorded[..inserted]), recorded_remover) {
+            // As one row at a time would: the rows the remover refused
+            // come out of the sampler again.
+            let kept = recorded_remover.len().min(inserted);
+            error = Some(e.into());
+            for &key in &keys_in[kept..inserted] {
+                if let Err(e) = sampler.remove(key) {
+                    error = Some(e.into());
+                }
+            }
+            inserted = kept;
+        }
+        for &key in &keys_in[..inserted] {
+            in_sampler[key.slot as usize] = Some(key);
+            in_remover[key.slot as usize] = Some(key);
+        }
+        let recorded = std::mem::take(&mut l.local.recorded);
+        let recorded_in = &recorded[..inserted.min(recorded.len())];
+        l.append_inserts(&keys_in[..recorded_in.len()], recorded_in);
+        for (i, (&key, &p)) in keys_in.iter().zip(recorded_in).enumerate() {
+            // `begin_write` stored the priority the writer gave (0 when
+            // none); the strategy's choice replaces it.
+            let given = priorities.and_then(|p| p.get(i).copied()).unwrap_or(0.0);
+            if p.to_bits() != given.to_bits() {
+                if let Ok(rec) = region.slot(key.slot) {
+                    rec.set_priority(key, p);
+                }
+            }
+        }
+        l.local.recorded = recorded;
+        add(&ctl.size, inserted as u64);
+        add(&ctl.inserts, inserted as u64);
+        for &key in &keys[inserted..] {
+            if region.slot(key.slot).and_then(|rec| rec.free(key)).is_ok() {
+                l.push_free(key.slot);
+            }
+        }
+        error.map_or(Ok(()), Err)
     }
 
     /// Commits one trajectory under the lock; on an error gives its slot

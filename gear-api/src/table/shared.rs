@@ -41,6 +41,10 @@ pub(super) struct Local {
     /// The remover's random stream (samplers bring their own).
     pub(super) rng: Xoshiro256,
     pub(super) scratch: Vec<Sampled>,
+    /// The priorities the sampler and the remover recorded for a batch
+    /// being committed (kept to reuse their allocations).
+    pub(super) recorded: Vec<f64>,
+    pub(super) recorded_remover: Vec<f64>,
 }
 
 impl Local {
@@ -130,6 +134,8 @@ impl Shared {
             rebuild_epoch: 0,
             rng: Xoshiro256::seed_from_u64(seed ^ process_salt(creator, &lease)),
             scratch: Vec::new(),
+            recorded: Vec::new(),
+            recorded_remover: Vec::new(),
         };
         let collector = match collector_threads {
             Some(n) => gear_cpu::CpuCollector::with_threads(n),
@@ -386,6 +392,28 @@ impl<'a> Locked<'a> {
         log[(seq % log.len() as u64) as usize].store(seq, c);
         ctl.log_head.store(seq.wrapping_add(1), Ordering::Relaxed);
         self.local.applied = seq.wrapping_add(1);
+    }
+
+    /// [`Locked::append_log`] of an `Insert` into both strategies for each
+    /// of `keys`, with `priorities[i]`: the ring position is found once
+    /// for the batch, not by a division per entry.
+    pub(super) fn append_inserts(&mut self, keys: &[SlotKey], priorities: &[f64]) {
+        let ctl = self.sh.region.control();
+        let log = self.sh.region.log();
+        let mut seq = ctl.log_head.load(Ordering::Relaxed);
+        let Some(mut at) = seq.checked_rem(log.len() as u64) else { return };
+        for (&key, &priority) in keys.iter().zip(priorities) {
+            if let Some(entry) = log.get(at as usize) {
+                entry.store(seq, Change { key, op: LogOp::Insert, target: target::BOTH, priority });
+            }
+            seq = seq.wrapping_add(1);
+            at += 1;
+            if at == log.len() as u64 {
+                at = 0;
+            }
+        }
+        ctl.log_head.store(seq, Ordering::Relaxed);
+        self.local.applied = seq;
     }
 
     /// Inserts `key` into this process's sampler (which chooses the
