@@ -417,6 +417,19 @@ impl Selector for Prioritized {
     fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
         Some(self.draw(n, rng, out))
     }
+
+    /// The largest priority seen (8 bytes): the priority of later inserts
+    /// that bring none. Draws depend only on the per-slot masses, which
+    /// the table restores.
+    fn export_state(&self, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(&self.max_priority.to_le_bytes());
+        Ok(())
+    }
+
+    fn import_state(&mut self, state: &[u8]) -> Result<()> {
+        self.max_priority = self.max_priority.max(crate::keys::decode_max_priority(state, NAME)?);
+        Ok(())
+    }
 }
 
 impl Prioritized {
