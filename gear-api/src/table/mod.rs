@@ -41,9 +41,11 @@
 // * `shared`: the protocol over the control block (lock, mirrors, log,
 //   repair, reclamation, waits);
 // * `insert`: the writer's side (slots, eviction, commit, abandon);
-// * `select`: the sampler's side (admission, draws, checks, retirement).
+// * `select`: the sampler's side (admission, draws, checks, retirement);
+// * `checkpoint`: writing a table to a file and restoring it.
 mod attach;
 mod builder;
+pub mod checkpoint;
 mod insert;
 mod select;
 mod shared;
@@ -51,6 +53,7 @@ mod shared;
 pub use attach::AttachOptions;
 pub use builder::TableBuilder;
 use builder::{policy, StrategyChoice};
+pub use checkpoint::{latest_checkpoint, CheckpointReport};
 pub(crate) use select::Selection;
 
 use crate::error::Result;
