@@ -88,66 +88,126 @@ pub(super) fn write_chunk(out: &mut impl Write, tag: Tag, payload: &[u8]) -> std
     Ok((CHUNK_HEADER_BYTES + payload.len() + 4) as u64)
 }
 
-/// Reads chunks one at a time into one reused buffer, checking each
-/// checksum before its payload is handed out.
+/// Reads chunks one at a time, checking each checksum: small chunks into
+/// one reused buffer ([`ChunkReader::next`]), data chunks piece by piece
+/// straight to where they go ([`ChunkReader::begin`], [`ChunkReader::part`],
+/// [`ChunkReader::finish`]).
 pub(super) struct ChunkReader<'p, R> {
     input: R,
     path: &'p Path,
-    /// Byte offset of the next chunk in the file (for messages).
+    /// Byte offset of the current chunk in the file (for messages).
     offset: u64,
     /// Chunks read so far (for messages).
     index: u64,
+    /// Payload bytes of the current chunk not yet read.
+    left: u64,
+    /// Payload length of the current chunk.
+    len: u64,
+    crc: crc32fast::Hasher,
     buf: Vec<u8>,
 }
 
 impl<'p, R: Read> ChunkReader<'p, R> {
     pub(super) fn new(input: R, path: &'p Path) -> Self {
-        ChunkReader { input, path, offset: PREAMBLE_BYTES as u64, index: 0, buf: Vec::new() }
+        ChunkReader {
+            input,
+            path,
+            offset: PREAMBLE_BYTES as u64,
+            index: 0,
+            left: 0,
+            len: 0,
+            crc: crc32fast::Hasher::new(),
+            buf: Vec::new(),
+        }
     }
 
-    /// Reads the next chunk, refusing payloads over `limit` bytes (a
-    /// corrupted length must not make the reader allocate without bound).
-    pub(super) fn next(&mut self, limit: u64) -> Result<(Tag, &[u8])> {
-        let at = self.offset;
+    /// Reads the next chunk's header, refusing payloads over `limit` bytes
+    /// (a corrupted length must not make the reader allocate or read
+    /// without bound). Returns the tag and the payload length.
+    pub(super) fn begin(&mut self, limit: u64) -> Result<(Tag, u64)> {
         let mut header = [0u8; CHUNK_HEADER_BYTES];
-        self.read_exact_or_truncated(&mut header, at)?;
+        self.read_exact_or_truncated(&mut header)?;
         let raw_tag = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
         let mut len_bytes = [0u8; 8];
         len_bytes.copy_from_slice(&header[4..]);
         let len = u64::from_le_bytes(len_bytes);
+        let (at, index) = (self.offset, self.index);
+        let tag = Tag::from_u32(raw_tag).ok_or_else(|| {
+            problem(self.path, format!("corrupted: chunk {index} at byte {at} has unknown tag {raw_tag}"))
+        })?;
         if len > limit {
             return Err(problem(
                 self.path,
-                format!(
-                    "corrupted: chunk {} at byte {at} claims {len} bytes, at most {limit} can be right",
-                    self.index
-                ),
+                format!("corrupted: chunk {index} at byte {at} claims {len} bytes, at most {limit} can be right"),
             ));
         }
+        self.crc = crc32fast::Hasher::new();
+        self.crc.update(&header);
+        self.len = len;
+        self.left = len;
+        Ok((tag, len))
+    }
+
+    /// The file being read.
+    pub(super) fn path(&self) -> &'p Path {
+        self.path
+    }
+
+    /// Payload bytes of the current chunk not read yet.
+    pub(super) fn left(&self) -> u64 {
+        self.left
+    }
+
+    /// Reads the next `out.len()` payload bytes of the current chunk
+    /// (refused past its end). They are not checked until
+    /// [`ChunkReader::finish`]: use them only once that succeeded, or
+    /// throw away what they went into.
+    pub(super) fn part(&mut self, out: &mut [u8]) -> Result<()> {
+        if out.len() as u64 > self.left {
+            return Err(problem(
+                self.path,
+                format!("corrupted: a record runs past the end of chunk {} (at byte {})", self.index, self.offset),
+            ));
+        }
+        self.read_exact_or_truncated(out)?;
+        self.crc.update(out);
+        self.left -= out.len() as u64;
+        Ok(())
+    }
+
+    /// Reads the current chunk's checksum and compares it with what was
+    /// read of it (all of its payload must have been).
+    pub(super) fn finish(&mut self) -> Result<()> {
+        let (at, index, len) = (self.offset, self.index, self.len);
+        if self.left != 0 {
+            return Err(problem(self.path, format!("corrupted: chunk {index} at byte {at} has bytes left over")));
+        }
+        let mut crc_bytes = [0u8; 4];
+        self.read_exact_or_truncated(&mut crc_bytes)?;
+        let crc = std::mem::replace(&mut self.crc, crc32fast::Hasher::new());
+        if crc.finalize() != u32::from_le_bytes(crc_bytes) {
+            return Err(problem(
+                self.path,
+                format!("corrupted: checksum mismatch in chunk {index} ({len} bytes at byte {at})"),
+            ));
+        }
+        self.offset += (CHUNK_HEADER_BYTES as u64) + len + 4;
+        self.index += 1;
+        Ok(())
+    }
+
+    /// Reads a whole chunk of at most `limit` bytes into the reused
+    /// buffer and checks it.
+    pub(super) fn next(&mut self, limit: u64) -> Result<(Tag, &[u8])> {
+        let (tag, len) = self.begin(limit)?;
         let len = len as usize;
         if self.buf.len() < len {
             self.buf.resize(len, 0);
         }
         let mut payload = std::mem::take(&mut self.buf);
-        let read = self.read_exact_or_truncated(&mut payload[..len], at);
-        let mut crc_bytes = [0u8; 4];
-        let read = read.and_then(|()| self.read_exact_or_truncated(&mut crc_bytes, at));
+        let read = self.part(&mut payload[..len]).and_then(|()| self.finish());
         self.buf = payload;
         read?;
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&header);
-        crc.update(&self.buf[..len]);
-        if crc.finalize() != u32::from_le_bytes(crc_bytes) {
-            return Err(problem(
-                self.path,
-                format!("corrupted: checksum mismatch in chunk {} ({len} bytes at byte {at})", self.index),
-            ));
-        }
-        let tag = Tag::from_u32(raw_tag).ok_or_else(|| {
-            problem(self.path, format!("corrupted: chunk {} at byte {at} has unknown tag {raw_tag}", self.index))
-        })?;
-        self.offset += (CHUNK_HEADER_BYTES + len + 4) as u64;
-        self.index += 1;
         Ok((tag, &self.buf[..len]))
     }
 
@@ -164,13 +224,11 @@ impl<'p, R: Read> ChunkReader<'p, R> {
         }
     }
 
-    fn read_exact_or_truncated(&mut self, out: &mut [u8], chunk_at: u64) -> Result<()> {
+    fn read_exact_or_truncated(&mut self, out: &mut [u8]) -> Result<()> {
+        let (at, index) = (self.offset, self.index);
         self.input.read_exact(out).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                problem(
-                    self.path,
-                    format!("truncated: the file ends inside chunk {} (which starts at byte {chunk_at})", self.index),
-                )
+                problem(self.path, format!("truncated: the file ends inside chunk {index} (which starts at byte {at})"))
             } else {
                 io(self.path, "read")(e)
             }
@@ -221,10 +279,6 @@ impl<'a> Fields<'a> {
 
     pub(super) fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.bytes)
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
     }
 }
 

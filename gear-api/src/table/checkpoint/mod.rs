@@ -39,9 +39,11 @@
 //! | 3 | strategy | role (u8: 0 sampler, 1 remover), name (u16 length, UTF-8), the state `export_state` wrote (the rest) |
 //! | 4 | end (last) | trajectories written (u64), trajectory bytes written (u64) |
 //!
-//! Data chunks are cut near 4 MiB. A reader checks every checksum before
-//! using a payload, bounds every length by what the spec allows, and
-//! refuses a file without its end chunk (truncated) or with bytes after it.
+//! Data chunks are cut near 4 MiB. A reader checks every checksum (the
+//! restore reads trajectory bytes straight into their slots and drops the
+//! table if the chunk's checksum then fails), bounds every length by what
+//! the spec allows before reading, and refuses a file without its end
+//! chunk (truncated) or with bytes after it.
 //!
 //! Why not Arrow IPC: a table's trajectories are ragged (each has its own
 //! length up to `T`) and restore places each one into a given slot; Arrow

@@ -1,7 +1,9 @@
-//! Restoring a checkpoint into a freshly built table: every chunk's
-//! checksum is checked before its payload is used, every record is bounded
-//! by the spec, and the table is handed out only once the whole file has
-//! been read (an error drops it: never a half-loaded table).
+//! Restoring a checkpoint into a freshly built table: trajectory bytes are
+//! read straight into their slots (no staging copy) and each data chunk's
+//! checksum is checked at its end, other chunks are checked before they
+//! are parsed, every record is bounded by the spec, and the table is handed
+//! out only once the whole file has been read and checked (an error drops
+//! it: never a half-loaded table).
 
 use super::format::{
     self, check_preamble, problem, ChunkReader, Fields, Tag, CHUNK_TARGET, PREAMBLE_BYTES, RECORD_BYTES,
@@ -60,7 +62,7 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         _ => format::io(path, "read")(e),
     })?;
     check_preamble(path, &preamble)?;
-    let mut chunks = ChunkReader::new(file, path);
+    let mut chunks = ChunkReader::new(std::io::BufReader::with_capacity(1 << 18, file), path);
     let (tag, payload) = chunks.next(1 << 24)?;
     if tag != Tag::Header {
         return Err(problem(path, format!("corrupted: the first chunk is {tag:?}, not the header")));
@@ -96,40 +98,46 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     let (mut restored, mut data_bytes, mut max_seq) = (0u64, 0u64, 0u64);
     let mut states: Vec<(u8, String, Vec<u8>)> = Vec::new();
     loop {
-        let limit = data_limit.max(strategy_limit);
-        let (tag, payload) = chunks.next(limit)?;
+        let (tag, len) = chunks.begin(data_limit.max(strategy_limit))?;
         match tag {
             Tag::Data => {
-                let mut f = Fields::new(payload, "data chunk");
-                while !f.is_empty() {
-                    let (seq, bytes) =
-                        restore_record(table, &mut f, &step_bytes, &mut seen, owner).map_err(|p| problem(path, p))?;
+                // Read straight into the slots; a checksum that then fails
+                // drops the table with them.
+                while chunks.left() > 0 {
+                    let (seq, bytes) = restore_record(table, &mut chunks, &step_bytes, &mut seen, owner)?;
                     restored += 1;
                     data_bytes += bytes;
                     max_seq = max_seq.max(seq);
                 }
+                chunks.finish()?;
             }
-            Tag::Strategy => {
-                let mut f = Fields::new(payload, "strategy chunk");
-                let role = f.take(1).map_err(|p| problem(path, p))?[0];
-                let name = f.string().map_err(|p| problem(path, p))?;
-                states.push((role, name, f.rest().to_vec()));
-            }
-            Tag::End => {
-                let mut f = Fields::new(payload, "end chunk");
-                let count = f.u64().map_err(|p| problem(path, p))?;
-                let bytes = f.u64().map_err(|p| problem(path, p))?;
-                if (count, bytes) != (restored, data_bytes) || restored > header.snapshot {
-                    return Err(problem(
-                        path,
-                        format!(
-                            "corrupted: the end chunk counts {count} trajectories of {bytes} bytes, the file held {restored} of {data_bytes}"
-                        ),
-                    ));
+            Tag::Strategy | Tag::End | Tag::Header => {
+                let mut payload = vec![0u8; len as usize];
+                chunks.part(&mut payload)?;
+                chunks.finish()?;
+                let mut f = Fields::new(&payload, "chunk");
+                match tag {
+                    Tag::Strategy => {
+                        let role = f.take(1).map_err(|p| problem(path, p))?[0];
+                        let name = f.string().map_err(|p| problem(path, p))?;
+                        states.push((role, name, f.rest().to_vec()));
+                    }
+                    Tag::End => {
+                        let count = f.u64().map_err(|p| problem(path, p))?;
+                        let bytes = f.u64().map_err(|p| problem(path, p))?;
+                        if (count, bytes) != (restored, data_bytes) || restored > header.snapshot {
+                            return Err(problem(
+                                path,
+                                format!(
+                                    "corrupted: the end chunk counts {count} trajectories of {bytes} bytes, the file held {restored} of {data_bytes}"
+                                ),
+                            ));
+                        }
+                        break;
+                    }
+                    _ => return Err(problem(path, "corrupted: a second header chunk")),
                 }
-                break;
             }
-            Tag::Header => return Err(problem(path, "corrupted: a second header chunk")),
         }
     }
     if !chunks.at_end()? {
@@ -159,43 +167,50 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Restores one trajectory record into its slot. Returns its insert
-/// sequence and data bytes.
-fn restore_record(
+/// Restores one trajectory record of the data chunk being read into its
+/// slot. Returns its insert sequence and data bytes.
+fn restore_record<R: Read>(
     table: &ReplayTable,
-    f: &mut Fields<'_>,
+    chunks: &mut ChunkReader<'_, R>,
     step_bytes: &[usize],
     seen: &mut [bool],
     owner: u64,
-) -> std::result::Result<(u64, u64), String> {
+) -> Result<(u64, u64)> {
     let region = &table.shared.region;
-    let slot = f.u32()?;
-    let generation = f.u32()?;
-    let len = f.u64()?;
-    let priority = f64::from_bits(f.u64()?);
-    let times_sampled = f.u64()?;
-    let insert_seq = f.u64()?;
+    let path = chunks.path();
+    let mut fixed = [0u8; RECORD_BYTES];
+    chunks.part(&mut fixed)?;
+    let bad = |p: String| problem(path, p);
+    let mut f = Fields::new(&fixed, "record");
+    let (slot, generation) = (f.u32().map_err(bad)?, f.u32().map_err(bad)?);
+    let len = f.u64().map_err(bad)?;
+    let priority = f64::from_bits(f.u64().map_err(bad)?);
+    let times_sampled = f.u64().map_err(bad)?;
+    let insert_seq = f.u64().map_err(bad)?;
     let key = SlotKey { slot, generation };
     let Some(first) = seen.get_mut(slot as usize) else {
-        return Err(format!("corrupted: slot {slot} is beyond the capacity of {}", seen.len()));
+        return Err(bad(format!("corrupted: slot {slot} is beyond the capacity of {}", seen.len())));
     };
     if std::mem::replace(first, true) {
-        return Err(format!("corrupted: slot {slot} appears twice"));
+        return Err(bad(format!("corrupted: slot {slot} appears twice")));
     }
     if len > region.spec().max_len() {
-        return Err(format!("corrupted: slot {slot} holds {len} steps, more than T = {}", region.spec().max_len()));
+        return Err(bad(format!(
+            "corrupted: slot {slot} holds {len} steps, more than T = {}",
+            region.spec().max_len()
+        )));
     }
-    check_priority(priority).map_err(|e| format!("corrupted: slot {slot}: {e}"))?;
-    let rec = region.slot(slot).map_err(|e| e.to_string())?;
-    rec.begin_restore(key, owner, insert_seq, priority).map_err(|e| e.to_string())?;
+    check_priority(priority).map_err(|e| bad(format!("corrupted: slot {slot}: {e}")))?;
+    let rec = region.slot(slot)?;
+    rec.begin_restore(key, owner, insert_seq, priority)?;
     let mut total = 0u64;
     for (c, &s) in step_bytes.iter().enumerate() {
         let n = s * len as usize;
-        region.write_steps(key, c, 0, f.take(n)?).map_err(|e| e.to_string())?;
+        region.fill_steps(key, c, 0, n, |out| chunks.part(out))??;
         total += n as u64;
     }
-    rec.publish_len(key, len).map_err(|e| e.to_string())?;
-    rec.commit(key).map_err(|e| e.to_string())?;
+    rec.publish_len(key, len)?;
+    rec.commit(key)?;
     rec.set_times_sampled(key, times_sampled);
     Ok((insert_seq, total))
 }
