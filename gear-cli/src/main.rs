@@ -238,6 +238,10 @@ fn main() -> ExitCode {
                         "  restore without building the empty table ({:.0} ms): {:.2} GB/s  ratio {:.2}",
                         r.table_build_ms, r.restore_without_build_gb_per_s, r.restore_without_build_ratio
                     );
+                    println!(
+                        "  per CPU-second: restore {:.2} GB/s, plain read {:.2} GB/s",
+                        r.restore_cpu_gb_per_s, r.plain_read_cpu_gb_per_s
+                    );
                     println!("  longest table pause for a snapshot: {:.0} us", r.max_pause_us);
                 }));
             }
