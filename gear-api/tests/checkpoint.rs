@@ -72,8 +72,11 @@ fn fill_random(table: &ReplayTable, n: usize, seed: u64) {
     }
 }
 
+/// One batch as drawn: keys, lengths, and each column's bytes.
+type Drawn = (Vec<gear_core::SlotKey>, Vec<u64>, Vec<Vec<u8>>);
+
 /// The keys, lengths and bytes of `batches` batches from a fresh sampler.
-fn draws(table: &ReplayTable, batches: usize) -> Vec<(Vec<gear_core::SlotKey>, Vec<u64>, Vec<Vec<u8>>)> {
+fn draws(table: &ReplayTable, batches: usize) -> Vec<Drawn> {
     let mut sampler = table.sampler(SampleConfig::new(32, WindowSpec::whole(12))).unwrap();
     (0..batches)
         .map(|_| {
