@@ -15,7 +15,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// What the table lock is held for: everything but trajectory bytes.
 struct Snapshot {
-    /// Committed slots, in slot order.
+    /// Committed slots, oldest insert first (sorted after the lock is
+    /// given back).
     slots: Vec<SlotMeta>,
     /// (role, name, state) of the sampler and the remover.
     strategies: Vec<(u8, String, Vec<u8>)>,
@@ -71,7 +72,10 @@ fn take_snapshot(table: &ReplayTable) -> Result<(Snapshot, std::time::Duration)>
 /// Writes the checkpoint of `table` to `path`; see the module doc.
 pub(super) fn write_checkpoint(table: &ReplayTable, path: &Path) -> Result<CheckpointReport> {
     let started = Instant::now();
-    let (snapshot, pause) = take_snapshot(table)?;
+    let (mut snapshot, pause) = take_snapshot(table)?;
+    // Oldest first: under the default FIFO remover these are the next to
+    // be evicted, so copying them first leaves out the fewest.
+    snapshot.slots.sort_unstable_by_key(|m| m.insert_seq);
     let tmp = temporary_name(path)?;
     let file = File::create(&tmp).map_err(format::io(&tmp, "create"))?;
     let written = stream(table, &snapshot, file, &tmp).and_then(|counts| {
