@@ -57,6 +57,25 @@ pub enum Error {
     /// Sampled data that does not hold what was written.
     #[error("sampled data failed its integrity check: {0}")]
     Integrity(String),
+    /// A checkpoint that cannot be restored (truncated, corrupted, of
+    /// another format version or another spec) or written.
+    #[error("checkpoint `{}`: {problem}", .path.display())]
+    Checkpoint {
+        /// The checkpoint file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Reading or writing a checkpoint file failed.
+    #[error("checkpoint `{}`: cannot {op}: {source}", .path.display())]
+    CheckpointIo {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// Sampled rows kept being overwritten by writers while copying.
     #[error("sampled rows were overwritten while copying {attempts} times in a row; the table is evicting faster than it can be read")]
     Torn {

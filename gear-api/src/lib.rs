@@ -45,7 +45,9 @@ pub use cuda::{CudaColumn, CudaSampledBatch, CudaSampler, CudaSamplerOptions};
 pub use error::{Error, Result};
 pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
-pub use table::{AttachOptions, PoolConfig, ReplayTable, SlotCounts, TableBuilder, TableInfo};
+pub use table::{
+    latest_checkpoint, AttachOptions, CheckpointReport, PoolConfig, ReplayTable, SlotCounts, TableBuilder, TableInfo,
+};
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 
 pub use gear_core;

@@ -6,6 +6,7 @@ mod bench;
 mod children;
 mod config;
 mod demo;
+mod persist;
 mod progress;
 
 use crate::bench::{run_bench, run_bench_processes, BenchConfig};
@@ -68,6 +69,18 @@ enum Command {
         /// and a GPU).
         #[arg(long, default_value = "cpu")]
         backend: String,
+        /// Instead: checkpoint and restore a full table of this shape,
+        /// beside a plain sequential write and read of the same bytes in
+        /// --checkpoint-dir.
+        #[arg(long)]
+        checkpoint: bool,
+        /// Directory for --checkpoint's files (default: the system's
+        /// temporary directory).
+        #[arg(long)]
+        checkpoint_dir: Option<PathBuf>,
+        /// Rounds of --checkpoint (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// Creates the shared table a TOML config describes and serves it until
     /// interrupted: reclaims dead writers' slots and prints its counters.
@@ -78,6 +91,8 @@ enum Command {
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
         #[arg(long, value_parser = seconds_arg)]
         seconds: Option<f64>,
+        #[command(flatten)]
+        persistence: ServePersistence,
     },
     #[command(hide = true)]
     DemoActor {
@@ -196,7 +211,40 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Bench { config, writers, json, backend } => {
+        Command::Bench { config, writers, json, backend, checkpoint, checkpoint_dir, rounds } => {
+            if checkpoint {
+                let dir = checkpoint_dir.unwrap_or_else(std::env::temp_dir);
+                return finish(persist::run_checkpoint_bench(&config, &dir, rounds).map(|r| {
+                    if json {
+                        println!("{}", serde_json::to_string(&r).expect("report serialises"));
+                        return;
+                    }
+                    println!(
+                        "checkpoint of {} trajectories, {:.1} MB in {} ({} rounds, medians)",
+                        r.trajectories,
+                        r.file_bytes as f64 / 1e6,
+                        r.dir,
+                        r.rounds
+                    );
+                    println!(
+                        "  checkpoint : {:>6.2} GB/s  plain write + fsync : {:>6.2} GB/s  ratio {:.2}",
+                        r.checkpoint_gb_per_s, r.plain_write_gb_per_s, r.write_ratio
+                    );
+                    println!(
+                        "  restore    : {:>6.2} GB/s  plain read          : {:>6.2} GB/s  ratio {:.2}",
+                        r.restore_gb_per_s, r.plain_read_gb_per_s, r.restore_ratio
+                    );
+                    println!(
+                        "  restore without building the empty table ({:.0} ms): {:.2} GB/s  ratio {:.2}",
+                        r.table_build_ms, r.restore_without_build_gb_per_s, r.restore_without_build_ratio
+                    );
+                    println!(
+                        "  per CPU-second: restore {:.2} GB/s, plain read {:.2} GB/s",
+                        r.restore_cpu_gb_per_s, r.plain_read_cpu_gb_per_s
+                    );
+                    println!("  longest table pause for a snapshot: {:.0} us", r.max_pause_us);
+                }));
+            }
             if backend == "cuda" {
                 return cuda_bench(&config, json);
             }
@@ -245,7 +293,7 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Serve { config, seconds } => serve(&config, seconds),
+        Command::Serve { config, seconds, persistence } => serve(&config, seconds, &persistence),
         Command::DemoActor { table, id, seconds, seed } => crate::demo::actor_process(&table, id, seconds, seed),
         Command::DemoTrainer { table, seconds, batch, window } => {
             crate::demo::trainer_process(&table, seconds, batch, window)
@@ -267,6 +315,10 @@ fn main() -> ExitCode {
             crate::bench::sampler_process(&table, batches, &config, until_inserts, start_at_ns)
         }
     };
+    finish(result)
+}
+
+fn finish(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -276,15 +328,41 @@ fn main() -> ExitCode {
     }
 }
 
+/// `gear serve`'s restore and checkpoint flags.
+#[derive(clap::Args, Debug)]
+struct ServePersistence {
+    /// Start from this checkpoint (a file, or a directory whose newest
+    /// checkpoint is read).
+    #[arg(long)]
+    restore: Option<PathBuf>,
+    /// Write numbered checkpoints here: every --checkpoint-every seconds, on
+    /// SIGUSR1 and at shutdown.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Seconds between checkpoints (needs --checkpoint-dir).
+    #[arg(long, value_parser = seconds_arg, requires = "checkpoint_dir")]
+    checkpoint_every: Option<f64>,
+    /// Checkpoints kept in --checkpoint-dir (the oldest are removed).
+    #[arg(long, default_value_t = 3)]
+    keep: usize,
+}
+
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
+fn serve(config: &std::path::Path, seconds: Option<f64>, persistence: &ServePersistence) -> Result<()> {
     let cfg = TableConfig::load(config)?;
-    let table = cfg.builder()?.build()?;
+    let table = match &persistence.restore {
+        Some(path) => cfg.builder()?.restore(path)?,
+        None => cfg.builder()?.build()?,
+    };
+    let mut schedule = persistence.checkpoint_dir.as_ref().map(|dir| {
+        let every = persistence.checkpoint_every.and_then(|s| Duration::try_from_secs_f64(s).ok());
+        persist::CheckpointSchedule::new(dir.clone(), every, persistence.keep)
+    });
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is
         // async-signal-safe; the function pointer has the C ABI signal()
@@ -305,6 +383,9 @@ fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
     let mut last = Instant::now();
     while !STOP.load(Ordering::Relaxed) && until.is_none_or(|u| start.elapsed() < u) {
         std::thread::sleep(Duration::from_millis(100));
+        if let Some(s) = schedule.as_mut() {
+            s.tick(&table)?;
+        }
         if last.elapsed() >= Duration::from_secs(1) {
             last = Instant::now();
             let reclaimed = table.reclaim_dead()?;
@@ -321,6 +402,9 @@ fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
                 if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
             );
         }
+    }
+    if let Some(s) = schedule.as_mut() {
+        s.finish(&table)?;
     }
     table.close();
     println!("table `{}` closed", cfg.name);

@@ -422,6 +422,45 @@ impl<R: MemoryRegion> TableRegion<R> {
         Ok(())
     }
 
+    /// Lets `fill` write `bytes` bytes (whole steps) of one column of a slot
+    /// being written, in place from `first_step` (for example read straight
+    /// from a file, with no staging copy). Checked as
+    /// [`TableRegion::write_steps`] is; does not publish.
+    pub fn fill_steps<T>(
+        &self,
+        key: SlotKey,
+        column: usize,
+        first_step: u64,
+        bytes: usize,
+        fill: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<T> {
+        let rec = self.slot(key.slot)?;
+        rec.check(key, SlotState::Writing, "append steps")?;
+        let col = self
+            .spec
+            .columns()
+            .get(column)
+            .ok_or_else(|| Error::ColumnIndex { index: column, count: self.spec.columns().len() })?;
+        let s = self.layout.step_bytes(column);
+        let n = bytes as u64;
+        if n % s != 0 {
+            return Err(Error::StepSize { column: col.name().to_owned(), got: n, expected: s });
+        }
+        if first_step.checked_add(n / s).is_none_or(|end| end > self.spec.max_len()) {
+            return Err(Error::TrajectoryTooLong { column: col.name().to_owned(), max_len: self.spec.max_len() });
+        }
+        let off = self.layout.offset(u64::from(key.slot), column, first_step) as usize;
+        // SAFETY: [off, off+bytes) lies inside this slot's column, inside
+        // the data area (the checks above), so the slice is valid for the
+        // region's lifetime, which outlives `&self`. The slot is `Writing`,
+        // so its owner (the caller) is its only writer and no other
+        // mutable slice of it exists; concurrent readers copy through raw
+        // pointers under the seqlock protocol and discard what they read
+        // from a slot that was reused, as with `write_steps`.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.data_ptr().as_ptr().add(off), bytes) };
+        Ok(fill(out))
+    }
+
     /// Copies `steps` steps of one column of `key`'s trajectory into `out`,
     /// with the seqlock check. Returns `Ok(false)` if the slot was reused
     /// while copying (the bytes in `out` are then garbage), an error if the

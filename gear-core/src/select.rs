@@ -140,6 +140,34 @@ pub trait Selector: Send + Sync {
     fn selection_rule(&self) -> Option<SelectionRule> {
         None
     }
+
+    /// Appends to `out` what a checkpoint must keep of this strategy beyond
+    /// what the table keeps itself (the held keys, their priorities and
+    /// their insertion order): for example the dense order a uniform draw
+    /// indexes, or the largest priority seen, which decides the priority of
+    /// later inserts. The default keeps nothing, which is right for a
+    /// strategy that is a function of its members inserted in order (FIFO,
+    /// LIFO).
+    fn export_state(&self, out: &mut Vec<u8>) -> Result<()> {
+        let _ = out;
+        Ok(())
+    }
+
+    /// Restores what [`Selector::export_state`] wrote, from a strategy of
+    /// the same [`Selector::name`]. Called after the table re-inserted the
+    /// checkpoint's members in insertion order, so that afterwards the
+    /// strategy draws as the exporting one did. Keys named in `state` that
+    /// are not held are skipped (the checkpoint may have dropped
+    /// trajectories evicted while it was written); bytes that cannot be
+    /// read are an error ([`crate::Error::Decode`]), never a panic. The
+    /// default accepts only the empty state the default export writes.
+    fn import_state(&mut self, state: &[u8]) -> Result<()> {
+        if state.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::Error::Unsupported("this strategy keeps no state across checkpoints"))
+        }
+    }
 }
 
 impl<S: Selector + ?Sized> Selector for Box<S> {
@@ -172,6 +200,12 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     }
     fn selection_rule(&self) -> Option<SelectionRule> {
         (**self).selection_rule()
+    }
+    fn export_state(&self, out: &mut Vec<u8>) -> Result<()> {
+        (**self).export_state(out)
+    }
+    fn import_state(&mut self, state: &[u8]) -> Result<()> {
+        (**self).import_state(state)
     }
 }
 

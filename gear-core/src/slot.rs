@@ -184,6 +184,45 @@ impl SlotRecord {
         Ok(SlotKey { slot, generation })
     }
 
+    /// Takes a free slot for writing with a given generation, as
+    /// [`SlotRecord::begin_write`] does with the next one: for restoring a
+    /// checkpoint into a fresh table, so that keys handed out before the
+    /// checkpoint name the same trajectories after it. The caller must hold
+    /// the right to allocate and must not restore a generation the slot
+    /// already had since its bytes were last read (a fresh table's slots
+    /// have had none); refused if the slot is not free.
+    pub fn begin_restore(&self, key: SlotKey, owner: u64, insert_seq: u64, priority: f64) -> Result<()> {
+        let cur = self.state_gen.load(Ordering::Acquire);
+        let state = SlotState::from_bits(cur);
+        if state != SlotState::Free {
+            return Err(Error::SlotState { slot: key.slot, op: "restore a trajectory", state });
+        }
+        self.owner.store(owner, Ordering::Relaxed);
+        self.state_gen
+            .compare_exchange(cur, pack(key.generation, SlotState::Writing), Ordering::AcqRel, Ordering::Acquire)
+            .map_err(|v| Error::SlotState {
+                slot: key.slot,
+                op: "restore a trajectory",
+                state: SlotState::from_bits(v),
+            })?;
+        fence(Ordering::Release);
+        self.len.store(0, Ordering::Release);
+        self.priority.store(priority.to_bits(), Ordering::Relaxed);
+        self.times_sampled.store(0, Ordering::Relaxed);
+        self.insert_seq.store(insert_seq, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sets how many times the current occupant was sampled (restoring a
+    /// checkpoint); ignored, returning false, when `key` is not current.
+    pub fn set_times_sampled(&self, key: SlotKey, times: u64) -> bool {
+        if self.key_state(key.slot).0 != key {
+            return false;
+        }
+        self.times_sampled.store(times, Ordering::Relaxed);
+        true
+    }
+
     /// Checks that `key` is current and in `state`.
     pub fn check(&self, key: SlotKey, state: SlotState, op: &'static str) -> Result<()> {
         let (cur, s) = self.key_state(key.slot);
@@ -311,6 +350,23 @@ mod tests {
         assert!(matches!(r.commit(k1), Err(Error::StaleKey { .. })));
         assert!(!r.read_validate(k1));
         assert!(r.read_validate(k2));
+    }
+
+    #[test]
+    fn restore_keeps_the_given_generation() {
+        let r = SlotRecord::default();
+        let key = SlotKey { slot: 4, generation: 77 };
+        r.begin_restore(key, 9, 12, 0.25).unwrap();
+        r.publish_len(key, 5).unwrap();
+        r.commit(key).unwrap();
+        assert!(r.set_times_sampled(key, 3));
+        let m = r.meta(4);
+        assert_eq!(
+            (m.key, m.state, m.len, m.priority, m.times_sampled, m.insert_seq),
+            (key, SlotState::Committed, 5, 0.25, 3, 12)
+        );
+        assert!(r.begin_restore(key, 9, 13, 1.0).is_err(), "only a free slot is restored into");
+        assert!(!r.set_times_sampled(SlotKey { slot: 4, generation: 76 }, 1));
     }
 
     #[test]

@@ -288,6 +288,20 @@ macro_rules! heap_selector {
             fn selection_rule(&self) -> Option<SelectionRule> {
                 $max_first.then_some(SelectionRule::TopK)
             }
+
+            /// The largest priority seen (8 bytes), which later inserts
+            /// without a priority get; the order itself follows from the
+            /// members re-inserted in insertion order.
+            fn export_state(&self, out: &mut Vec<u8>) -> Result<()> {
+                out.extend_from_slice(&self.heap.max_priority.to_le_bytes());
+                Ok(())
+            }
+
+            fn import_state(&mut self, state: &[u8]) -> Result<()> {
+                let p = crate::keys::decode_max_priority(state, $name)?;
+                self.heap.max_priority = self.heap.max_priority.max(p);
+                Ok(())
+            }
         }
     };
 }

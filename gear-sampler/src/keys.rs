@@ -38,6 +38,19 @@ pub(crate) fn reserve_draws(out: &mut Vec<Sampled>, n: usize, who: &str) -> Resu
     out.try_reserve(n).map_err(|e| Error::Selection(format!("{who}: cannot make room for {n} draws: {e}")))
 }
 
+/// Reads the 8-byte largest-priority state of prioritized and heap
+/// strategies: a finite, non-negative `f64`.
+pub(crate) fn decode_max_priority(state: &[u8], who: &str) -> Result<f64> {
+    let bytes: [u8; 8] =
+        state.try_into().map_err(|_| Error::Decode(format!("{who}: state of {} bytes, expected 8", state.len())))?;
+    let p = f64::from_le_bytes(bytes);
+    if p.is_finite() && p >= 0.0 {
+        Ok(p)
+    } else {
+        Err(Error::Decode(format!("{who}: largest priority {p} is not a finite non-negative number")))
+    }
+}
+
 /// Checks a capacity given to `prepare` and converts it to `usize`.
 pub(crate) fn check_capacity(capacity: u64, held: usize, who: &str) -> Result<usize> {
     if held > 0 {
@@ -260,6 +273,49 @@ impl<T: Copy + Default> DenseKeys<T> {
     #[inline]
     pub(crate) fn set_value(&mut self, slot: usize, value: T) {
         self.entries[slot].value = value;
+    }
+
+    /// Appends the held keys in dense order to `out`, each as
+    /// [`SlotKey::to_u64`] in little-endian bytes (a checkpoint's record of
+    /// the order uniform draws index).
+    pub(crate) fn export_order(&self, out: &mut Vec<u8>) {
+        out.reserve(self.items.len() * 8);
+        for key in &self.items {
+            out.extend_from_slice(&key.to_u64().to_le_bytes());
+        }
+    }
+
+    /// Puts the held keys into the order [`DenseKeys::export_order`] wrote:
+    /// keys of `state` that are held come first, in its order (keys not
+    /// held, or named twice, are skipped), then the held keys it did not
+    /// name, in their present order.
+    pub(crate) fn import_order(&mut self, state: &[u8], who: &str) -> Result<()> {
+        if state.len() % 8 != 0 {
+            return Err(Error::Decode(format!(
+                "{who}: a key order of {} bytes is not a whole number of 8-byte keys",
+                state.len()
+            )));
+        }
+        let mut order = Vec::with_capacity(self.items.len());
+        let mut placed = vec![false; self.entries.len()];
+        for chunk in state.chunks_exact(8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            let key = SlotKey::from_u64(u64::from_le_bytes(b));
+            if self.holds(key) && !std::mem::replace(&mut placed[key.slot as usize], true) {
+                order.push(key);
+            }
+        }
+        for &key in &self.items {
+            if !placed[key.slot as usize] {
+                order.push(key);
+            }
+        }
+        for (i, key) in order.iter().enumerate() {
+            self.entries[key.slot as usize].pos = i as u32;
+        }
+        self.items = order;
+        Ok(())
     }
 
     /// The `i`-th held key in the dense order (`i < len()`).

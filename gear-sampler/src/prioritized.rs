@@ -460,6 +460,19 @@ impl Selector for Prioritized {
     fn selection_rule(&self) -> Option<SelectionRule> {
         Some(SelectionRule::Proportional { alpha: self.alpha, beta: self.beta, stratified: self.stratified })
     }
+
+    /// The largest priority seen (8 bytes): the priority of later inserts
+    /// that bring none. Draws depend only on the per-slot masses, which
+    /// the table restores.
+    fn export_state(&self, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(&self.max_priority.to_le_bytes());
+        Ok(())
+    }
+
+    fn import_state(&mut self, state: &[u8]) -> Result<()> {
+        self.max_priority = self.max_priority.max(crate::keys::decode_max_priority(state, NAME)?);
+        Ok(())
+    }
 }
 
 impl Prioritized {

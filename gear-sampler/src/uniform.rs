@@ -92,6 +92,17 @@ impl Selector for Uniform {
     fn selection_rule(&self) -> Option<SelectionRule> {
         Some(SelectionRule::Uniform)
     }
+
+    /// The dense order draws index (8 bytes per held key): after
+    /// evictions it is no longer the insertion order.
+    fn export_state(&self, out: &mut Vec<u8>) -> Result<()> {
+        self.members.export_order(out);
+        Ok(())
+    }
+
+    fn import_state(&mut self, state: &[u8]) -> Result<()> {
+        self.members.import_order(state, NAME)
+    }
 }
 
 impl Uniform {
@@ -120,5 +131,43 @@ impl Uniform {
             left -= k;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gear_core::Xoshiro256;
+
+    fn key(slot: u32) -> SlotKey {
+        SlotKey { slot, generation: 1 }
+    }
+
+    #[test]
+    fn exported_order_survives_a_rebuild_in_insertion_order() {
+        let mut a = Uniform::new();
+        a.prepare(16).unwrap();
+        for s in 0..10 {
+            a.insert(key(s), None).unwrap();
+        }
+        for s in [0, 3, 7] {
+            a.remove(key(s)).unwrap();
+        }
+        let mut state = Vec::new();
+        a.export_state(&mut state).unwrap();
+        let mut b = Uniform::new();
+        b.prepare(16).unwrap();
+        for s in (0..10).filter(|s| ![0, 3, 7].contains(s)) {
+            b.insert(key(s), None).unwrap();
+        }
+        let draw = |u: &Uniform| {
+            let mut out = Vec::new();
+            u.draw(200, &mut Xoshiro256::seed_from_u64(5), &mut out).unwrap();
+            out.iter().map(|d| d.key).collect::<Vec<_>>()
+        };
+        assert_ne!(draw(&a), draw(&b), "swap-removes reorder the dense array");
+        b.import_state(&state).unwrap();
+        assert_eq!(draw(&a), draw(&b));
+        assert!(b.import_state(&state[..5]).is_err());
     }
 }

@@ -160,6 +160,22 @@ impl TableBuilder {
         self
     }
 
+    /// Builds the table as [`TableBuilder::build`] does, then fills it from
+    /// the checkpoint at `path` (a file, or a directory of numbered
+    /// checkpoints, whose newest is read): trajectories with their keys,
+    /// priorities and times sampled, the rate limiter's counters and the
+    /// strategies' state, so a sampler seeded alike draws the same rows as
+    /// on the table checkpointed. The spec must equal the checkpoint's;
+    /// strategies, pool and policy are this builder's. A file that is
+    /// truncated, corrupted, of another format version or another spec is
+    /// refused with [`Error::Checkpoint`] naming the problem, and no table
+    /// is returned.
+    pub fn restore(self, path: impl AsRef<std::path::Path>) -> Result<ReplayTable> {
+        let table = self.build()?;
+        super::checkpoint::restore_into(&table, path.as_ref())?;
+        Ok(table)
+    }
+
     /// Allocates the pool, lays the table out and returns it.
     pub fn build(self) -> Result<ReplayTable> {
         let limiter = self.limiter.validated()?;

@@ -44,8 +44,10 @@
 // * `select`: the sampler's side (admission, draws, checks, retirement);
 // * `device` (feature `cuda`): admission of device draws and the slots a
 //   device mirror must rewrite, from the change log.
+// * `checkpoint`: writing a table to a file and restoring it.
 mod attach;
 mod builder;
+pub mod checkpoint;
 #[cfg(feature = "cuda")]
 mod device;
 mod insert;
@@ -55,6 +57,7 @@ mod shared;
 pub use attach::AttachOptions;
 pub use builder::TableBuilder;
 use builder::{policy, StrategyChoice};
+pub use checkpoint::{latest_checkpoint, CheckpointReport};
 #[cfg(feature = "cuda")]
 pub(crate) use device::{DeviceCursor, DeviceSlot};
 pub(crate) use select::Selection;
