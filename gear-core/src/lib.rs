@@ -45,7 +45,7 @@ pub use layout::Layout;
 pub use memory::{MemoryKind, MemoryRegion};
 pub use region::{RegionLayout, TableRegion, TableView};
 pub use rng::{RandomSource, Xoshiro256};
-pub use select::{check_priority, Sampled, Selector};
+pub use select::{check_priority, Sampled, SelectionMass, Selector};
 pub use slot::{SlotKey, SlotMeta, SlotRecord, SlotState};
 pub use spec::{ColumnSpec, TableSpec};
 pub use transport::{ReadOp, RemoteRegion, Transport};

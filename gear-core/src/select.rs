@@ -23,6 +23,19 @@ pub struct Sampled {
     pub weight: f64,
 }
 
+/// The probability mass of a random strategy's items: what a sampler that
+/// spreads one batch over several shards weighs each shard by, and what
+/// global importance weights are normalised with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelectionMass {
+    /// Sum of the items' masses (`p^alpha` for prioritized, 1 per item for
+    /// uniform): an item's probability is its mass over this total.
+    pub total: f64,
+    /// The smallest positive mass held (1 for uniform), which gives the
+    /// largest importance weight.
+    pub min: f64,
+}
+
 /// A selection strategy over the committed trajectories of one table.
 ///
 /// Contract (checked by the conformance tests in `tests`):
@@ -84,6 +97,14 @@ pub trait Selector: Send + Sync {
         let _ = (n, rng, out);
         None
     }
+
+    /// The mass of the items held, for random strategies whose draws are
+    /// proportional to a per-item mass; `None` (the default) for
+    /// strategies that pick deterministically, which cannot be spread over
+    /// shards by mass.
+    fn mass(&self) -> Option<SelectionMass> {
+        None
+    }
 }
 
 impl<S: Selector + ?Sized> Selector for Box<S> {
@@ -110,6 +131,9 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     }
     fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<Result<()>> {
         (**self).sample_shared(n, rng, out)
+    }
+    fn mass(&self) -> Option<SelectionMass> {
+        (**self).mass()
     }
 }
 
