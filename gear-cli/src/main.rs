@@ -287,6 +287,16 @@ fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
         // expects.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
+    let grpc = match &cfg.grpc {
+        Some(g) => {
+            let (kind, params) = cfg.strategy()?;
+            let handle = gear_net::ServerHandle::start(table.clone(), g, gear_net::StrategyInfo { kind, params })
+                .map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
+            println!("grpc listening on {} (shard {})", handle.local_addr(), g.shard);
+            Some(handle)
+        }
+        None => None,
+    };
     let spec = table.spec();
     println!(
         "serving table `{}` ({} columns, T={}, capacity {}, {:.1} MB); stop with Ctrl-C",
@@ -317,6 +327,9 @@ fn serve(config: &std::path::Path, seconds: Option<f64>) -> Result<()> {
                 if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
             );
         }
+    }
+    if let Some(handle) = grpc {
+        handle.stop().map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
     }
     table.close();
     println!("table `{}` closed", cfg.name);
