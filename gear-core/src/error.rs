@@ -153,6 +153,10 @@ pub enum Error {
     /// library); the message says what is missing.
     #[error("transport unavailable: {0}")]
     TransportUnavailable(String),
+    /// A transport operation that failed (a verb, a connection); the
+    /// message names the transport and the operation.
+    #[error("transport failure: {0}")]
+    Transport(String),
     /// A remote-region descriptor or endpoint (from the network) that is
     /// malformed or does not match; the message names the field.
     #[error("invalid descriptor: {0}")]

@@ -39,7 +39,9 @@
 //!   exactly once (`Ok` when every op's bytes landed, [`Error::RemoteRead`]
 //!   naming the ops that did not); after that the ticket is retired.
 //!   A wait that reaches its deadline returns [`Error::Timeout`] and leaves
-//!   the ticket in flight: wait again or drop it.
+//!   the ticket in flight: wait again later, or
+//!   [`disconnect`](Transport::disconnect), which ends its reads with an
+//!   error. A ticket never waited keeps its record (and its buffer busy).
 //! * **Local bytes under a ticket.** Until its ticket has finished, the
 //!   bytes of a posted op's local range may change at any moment (the NIC or
 //!   a receiving thread writes them); read them only after `Ok`. After an
