@@ -271,7 +271,7 @@ impl<V: Verbs> RdmaTransport<V> {
                     q.outstanding = q.outstanding.saturating_sub(chain.posted as u32);
                 }
                 st.total_outstanding = st.total_outstanding.saturating_sub(chain.posted as u32);
-                for &p in &chain.pieces[..chain.posted] {
+                for &p in chain.pieces.iter().take(chain.posted) {
                     Self::finish_piece(st, chain.ticket, p, PieceState::Done);
                 }
             }
@@ -284,6 +284,10 @@ impl<V: Verbs> RdmaTransport<V> {
         let Some(chain) = st.chains.get(&chain_id) else { return };
         let (ticket, pieces) = (chain.ticket, chain.pieces.clone());
         let index = index.min(pieces.len().saturating_sub(1));
+        let Some(&failing) = pieces.get(index) else {
+            self.retire_queue_pair(st, qp_number);
+            return;
+        };
         for &p in &pieces[..index] {
             Self::finish_piece(st, ticket, p, PieceState::Done);
         }
@@ -293,7 +297,6 @@ impl<V: Verbs> RdmaTransport<V> {
             chain.pieces = pieces[index..].to_vec();
             chain.posted = chain.posted.saturating_sub(index);
         }
-        let failing = pieces[index];
         let status = wc.status;
         // A flush is not the piece's fault: it goes out again uncounted.
         let counted = status != CompletionStatus::Flushed;
