@@ -4,8 +4,10 @@
 # with bindgen, which loads libclang) from PyPI wheels into a project-local
 # directory, without root, and prints shell lines that put them in use:
 #
-#   eval "$(bash gear-rdma/ci/install-build-deps.sh)"
+#   build_env="$(bash gear-rdma/ci/install-build-deps.sh)" && eval "$build_env"
 #   cargo build -p gear-rdma --features rdma
+#
+# (`eval "$(...)"` in one step also works but hides a failed install.)
 #
 # A cmake already on PATH and a LIBCLANG_PATH already set are kept. No RDMA
 # device or rdma-core is needed to build: the shim loads libibverbs at run

@@ -244,7 +244,7 @@ fn soak(args: &[String]) -> Result<()> {
 /// build needs of the `rdma` feature come from the repository's own script;
 /// `GEAR_REQUIRE_RDMA=1` makes a missing device a failure.
 fn rdma_test(args: &[String]) -> Result<()> {
-    let script = "eval \"$(bash gear-rdma/ci/install-build-deps.sh)\" && \
+    let script = "build_env=\"$(bash gear-rdma/ci/install-build-deps.sh)\" && eval \"$build_env\" && \
         exec \"$CARGO\" run --release -p gear-rdma --features rdma --example rdma_loopback -- \"$@\"";
     let status = Command::new("bash")
         .arg("-c")
