@@ -4,6 +4,7 @@
 
 mod bench;
 mod children;
+mod cluster_bench;
 mod config;
 mod demo;
 mod progress;
@@ -68,6 +69,11 @@ enum Command {
         /// and a GPU).
         #[arg(long, default_value = "cpu")]
         backend: String,
+        /// Shard servers (`gear serve` processes on loopback) for a remote
+        /// bench: gRPC writers and cross-shard sampling beside a plain TCP
+        /// stream of the same bytes (0: the local bench).
+        #[arg(long, default_value_t = 0)]
+        shards: usize,
     },
     /// Creates the shared table a TOML config describes and serves it until
     /// interrupted: reclaims dead writers' slots and prints its counters.
@@ -196,7 +202,29 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Bench { config, writers, json, backend } => {
+        Command::Bench { config, shards, json, .. } if shards > 0 => {
+            crate::cluster_bench::run_cluster_bench(&config, shards).map(|r| {
+                if json {
+                    println!("{}", serde_json::to_string(&r).expect("report serialises"));
+                    return;
+                }
+                println!("{} shard servers on loopback, {} B per trajectory", r.shards, r.trajectory_bytes);
+                println!(
+                    "remote insert  {:8.3} GB/s ({:.0} traj/s)   plain TCP stream {:8.3} GB/s   ratio {:.2}",
+                    r.insert_gb_per_s,
+                    r.insert_traj_per_s,
+                    r.tcp_insert_gb_per_s,
+                    r.insert_gb_per_s / r.tcp_insert_gb_per_s
+                );
+                println!(
+                    "remote sample  {:8.3} GB/s                      plain TCP stream {:8.3} GB/s   ratio {:.2}",
+                    r.sample_gb_per_s,
+                    r.tcp_sample_gb_per_s,
+                    r.sample_gb_per_s / r.tcp_sample_gb_per_s
+                );
+            })
+        }
+        Command::Bench { config, writers, json, backend, .. } => {
             if backend == "cuda" {
                 return cuda_bench(&config, json);
             }

@@ -168,6 +168,9 @@ pub struct ClusterClient {
     state: Mutex<Vec<ShardState>>,
     rng: Mutex<Xoshiro256>,
     next_writer: Mutex<usize>,
+    /// The strategy's importance exponent, asked once (again after a
+    /// shard rejoins).
+    beta: Mutex<Option<f64>>,
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -225,6 +228,7 @@ impl ClusterClient {
             state: Mutex::new(state),
             rng: Mutex::new(rng),
             next_writer: Mutex::new(0),
+            beta: Mutex::new(None),
         })
     }
 
@@ -257,6 +261,7 @@ impl ClusterClient {
         let s = &mut st[shard];
         let rejoined = s.lost || s.incarnation.is_some_and(|i| i != incarnation);
         if rejoined {
+            *self.beta.lock() = None;
             eprintln!("gear-net: shard {shard} ({}) is back (incarnation {incarnation:#x})", self.config.shards[shard]);
         }
         s.lost = false;
@@ -420,6 +425,9 @@ impl ClusterClient {
 
     /// The importance exponent every shard's strategy uses (0 unless prioritized).
     fn beta(&self) -> Result<f64> {
+        if let Some(b) = *self.beta.lock() {
+            return Ok(b);
+        }
         let mut beta = None;
         let mut last_err = None;
         for s in 0..self.shards.len() {
@@ -434,7 +442,9 @@ impl ClusterClient {
                 Err(e) => last_err = Some(e),
             }
         }
-        beta.ok_or_else(|| last_err.unwrap_or_else(|| Error::NoShard("every shard is lost".into())))
+        let beta = beta.ok_or_else(|| last_err.unwrap_or_else(|| Error::NoShard("every shard is lost".into())))?;
+        *self.beta.lock() = Some(beta);
+        Ok(beta)
     }
 
     /// Rows per shard: each row independently from shard `s` with
@@ -618,27 +628,24 @@ fn check_sample_reply(shard: usize, rows: u64, r: &proto::SampleReply) -> Result
 fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
     let mut out = Vec::new();
     for t in trajectories {
-        let per = if chunk_steps == 0 { t.steps.max(1) } else { chunk_steps };
-        let step_bytes: Vec<usize> =
-            t.columns.iter().map(|c| if t.steps == 0 { 0 } else { c.len() / t.steps as usize }).collect();
+        if chunk_steps == 0 || chunk_steps >= t.steps {
+            // One chunk: the buffers move, no copy.
+            out.push(InsertChunk { steps: t.steps, columns: t.columns, priority: t.priority, end: true });
+            continue;
+        }
+        let step_bytes: Vec<usize> = t.columns.iter().map(|c| c.len() / t.steps as usize).collect();
         let mut done = 0u64;
-        loop {
-            let steps = per.min(t.steps - done);
-            let end = done + steps >= t.steps;
-            let columns = if chunk_steps == 0 {
-                t.columns.clone()
-            } else {
-                t.columns
-                    .iter()
-                    .zip(&step_bytes)
-                    .map(|(c, &b)| c.get(done as usize * b..(done + steps) as usize * b).unwrap_or_default().to_vec())
-                    .collect()
-            };
-            out.push(InsertChunk { steps, columns, priority: if done == 0 { t.priority } else { None }, end });
+        while done < t.steps {
+            let steps = chunk_steps.min(t.steps - done);
+            let columns = t
+                .columns
+                .iter()
+                .zip(&step_bytes)
+                .map(|(c, &b)| c.get(done as usize * b..(done + steps) as usize * b).unwrap_or_default().to_vec())
+                .collect();
+            let priority = if done == 0 { t.priority } else { None };
             done += steps;
-            if end {
-                break;
-            }
+            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps });
         }
     }
     out

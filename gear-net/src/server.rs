@@ -314,6 +314,8 @@ impl ServerHandle {
                     .tcp_nodelay(true)
                     .initial_stream_window_size(Some(8 << 20))
                     .initial_connection_window_size(Some(32 << 20))
+                    // Large frames: fewer HTTP/2 frames per inserted trajectory.
+                    .max_frame_size(Some((1 << 24) - 1))
                     .add_service(InterceptedService::new(server, TokenCheck::new(&token)))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;

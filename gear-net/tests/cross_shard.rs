@@ -44,8 +44,8 @@ fn one_table_truth(items: u64) -> HashMap<u64, (f64, f64)> {
     for _ in 0..20 {
         let b = sampler.sample().unwrap();
         let ids: &[i64] = b.column("id").unwrap().as_slice().unwrap();
-        for r in 0..b.rows() {
-            truth.insert(ids[r] as u64, (b.probabilities()[r], b.weights()[r]));
+        for ((&id, &p), &w) in ids.iter().zip(b.probabilities()).zip(b.weights()) {
+            truth.insert(id as u64, (p, w));
         }
     }
     assert_eq!(truth.len() as u64, items, "the reference table never drew some items");
