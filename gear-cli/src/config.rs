@@ -32,6 +32,11 @@
 //! samples_per_insert = 8.0       # with error_buffer: a ratio limiter
 //! error_buffer = 256.0
 //! # queue = 1000                 # instead: a queue of this size
+//!
+//! [grpc]                         # optional: answer remote clients (gear-net)
+//! listen = "0.0.0.0:50051"
+//! shard = 0                      # this server's index in the cluster
+//! # token = "..."                # else the GEAR_TOKEN environment variable
 //! ```
 
 use gear_api::{Error, Result};
@@ -70,6 +75,8 @@ pub struct TableConfig {
     pub remover: Option<StrategyConfig>,
     /// Flow control (default: sample once one item exists).
     pub rate_limiter: Option<LimiterConfig>,
+    /// Serve the table to remote clients over gRPC.
+    pub grpc: Option<gear_net::ServerConfig>,
 }
 
 /// One column.
@@ -147,8 +154,8 @@ impl TableConfig {
         Ok(TableSpec::new(columns, self.max_len, self.capacity)?)
     }
 
-    /// A builder for the table this config describes.
-    pub fn builder(&self) -> Result<TableBuilder> {
+    /// The sampling strategy and its parameters.
+    pub fn strategy(&self) -> Result<(StrategyKind, StrategyParams)> {
         let sampler: StrategyKind = self.sampler.kind.parse()?;
         let defaults = StrategyParams::default();
         let params = StrategyParams {
@@ -156,6 +163,12 @@ impl TableConfig {
             beta: self.sampler.beta.unwrap_or(defaults.beta),
             stratified: self.sampler.stratified.unwrap_or(defaults.stratified),
         };
+        Ok((sampler, params))
+    }
+
+    /// A builder for the table this config describes.
+    pub fn builder(&self) -> Result<TableBuilder> {
+        let (sampler, params) = self.strategy()?;
         let mut b = ReplayTable::builder(self.spec()?)
             .pool(PoolConfig::Shared { name: self.name.clone(), dir: self.dir.clone() })
             .sampler_kind(sampler, params)

@@ -4,6 +4,7 @@
 
 mod bench;
 mod children;
+mod cluster_bench;
 mod config;
 mod demo;
 mod persist;
@@ -81,6 +82,11 @@ enum Command {
         /// Rounds of --checkpoint (medians are reported).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Shard servers (`gear serve` processes on loopback) for a remote
+        /// bench: gRPC writers and cross-shard sampling beside a plain TCP
+        /// stream of the same bytes (0: the local bench).
+        #[arg(long, default_value_t = 0)]
+        shards: usize,
     },
     /// Creates the shared table a TOML config describes and serves it until
     /// interrupted: reclaims dead writers' slots and prints its counters.
@@ -211,7 +217,29 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Bench { config, writers, json, backend, checkpoint, checkpoint_dir, rounds } => {
+        Command::Bench { config, shards, json, .. } if shards > 0 => {
+            crate::cluster_bench::run_cluster_bench(&config, shards).map(|r| {
+                if json {
+                    println!("{}", serde_json::to_string(&r).expect("report serialises"));
+                    return;
+                }
+                println!("{} shard servers on loopback, {} B per trajectory", r.shards, r.trajectory_bytes);
+                println!(
+                    "remote insert  {:8.3} GB/s ({:.0} traj/s)   plain TCP stream {:8.3} GB/s   ratio {:.2}",
+                    r.insert_gb_per_s,
+                    r.insert_traj_per_s,
+                    r.tcp_insert_gb_per_s,
+                    r.insert_gb_per_s / r.tcp_insert_gb_per_s
+                );
+                println!(
+                    "remote sample  {:8.3} GB/s                      plain TCP stream {:8.3} GB/s   ratio {:.2}",
+                    r.sample_gb_per_s,
+                    r.tcp_sample_gb_per_s,
+                    r.sample_gb_per_s / r.tcp_sample_gb_per_s
+                );
+            })
+        }
+        Command::Bench { config, writers, json, backend, checkpoint, checkpoint_dir, rounds, .. } => {
             if checkpoint {
                 let dir = checkpoint_dir.unwrap_or_else(std::env::temp_dir);
                 return finish(persist::run_checkpoint_bench(&config, &dir, rounds).map(|r| {
@@ -369,6 +397,16 @@ fn serve(config: &std::path::Path, seconds: Option<f64>, persistence: &ServePers
         // expects.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
+    let grpc = match &cfg.grpc {
+        Some(g) => {
+            let (kind, params) = cfg.strategy()?;
+            let handle = gear_net::ServerHandle::start(table.clone(), g, gear_net::StrategyInfo { kind, params })
+                .map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
+            println!("grpc listening on {} (shard {})", handle.local_addr(), g.shard);
+            Some(handle)
+        }
+        None => None,
+    };
     let spec = table.spec();
     println!(
         "serving table `{}` ({} columns, T={}, capacity {}, {:.1} MB); stop with Ctrl-C",
@@ -402,6 +440,9 @@ fn serve(config: &std::path::Path, seconds: Option<f64>, persistence: &ServePers
                 if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
             );
         }
+    }
+    if let Some(handle) = grpc {
+        handle.stop().map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
     }
     if let Some(s) = schedule.as_mut() {
         s.finish(&table)?;

@@ -149,6 +149,42 @@ pub enum Error {
         /// Bytes available.
         got: u64,
     },
+    /// A transport that cannot run on this machine (no device, no driver
+    /// library); the message says what is missing.
+    #[error("transport unavailable: {0}")]
+    TransportUnavailable(String),
+    /// A transport operation that failed (a verb, a connection); the
+    /// message names the transport and the operation.
+    #[error("transport failure: {0}")]
+    Transport(String),
+    /// A remote-region descriptor or endpoint (from the network) that is
+    /// malformed or does not match; the message names the field.
+    #[error("invalid descriptor: {0}")]
+    Descriptor(String),
+    /// A transport handle (buffer, connection, ticket) that this transport
+    /// did not issue or has already released.
+    #[error("invalid handle: {0}")]
+    InvalidHandle(String),
+    /// A resource still in use (a buffer with reads in flight).
+    #[error("busy: {0}")]
+    Busy(String),
+    /// Remote reads that failed after the transport's retries.
+    #[error("remote read from shard {shard} failed: {} of {total_ops} ops ({reason})", .failed.len())]
+    RemoteRead {
+        /// The shard read from.
+        shard: u32,
+        /// Indices (into the posted `ops`) of the ops whose bytes did not
+        /// land; the other ops' bytes are valid.
+        failed: Vec<u32>,
+        /// How many ops the batch had.
+        total_ops: u64,
+        /// The first failure's cause, as the transport reported it.
+        reason: String,
+    },
+    /// A wait that reached its deadline first; what it waited for is still
+    /// in flight.
+    #[error("timed out: {0}")]
+    Timeout(String),
     /// An optional capability this backend does not have.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),

@@ -11,7 +11,9 @@
 //! * [`TableRegion`]: a table's header, slot records and data inside any
 //!   [`MemoryRegion`];
 //! * the backend traits: [`MemoryRegion`], [`Selector`], [`Collector`],
-//!   [`Transport`].
+//!   [`Transport`] and [`TransportServer`] (remote reads: registered local
+//!   buffers, posts that return a [`Ticket`], waits with a deadline, and
+//!   per-transport connection data in [`RemoteRegion`]).
 //!
 //! Architecture invariant: gear-core depends on no workspace crate and on no
 //! foreign library beyond `thiserror`, and `libc` on Linux for the one
@@ -45,8 +47,11 @@ pub use layout::Layout;
 pub use memory::{MemoryKind, MemoryRegion};
 pub use region::{RegionLayout, TableRegion, TableView};
 pub use rng::{RandomSource, Xoshiro256};
-pub use select::{check_batch_priorities, check_priority, Sampled, SelectionRule, Selector};
+pub use select::{check_batch_priorities, check_priority, Sampled, SelectionMass, SelectionRule, Selector};
 pub use slot::{SlotKey, SlotMeta, SlotRecord, SlotState};
 pub use spec::{ColumnSpec, TableSpec};
-pub use transport::{ReadOp, RemoteRegion, Transport};
+pub use transport::{
+    check_read_ops, ExposedRegion, LocalBuffer, PeerEndpoint, PendingConnection, QueuePairEndpoint, RdmaEndpoint,
+    ReadOp, RemoteAccess, RemoteHandle, RemoteRegion, TcpEndpoint, Ticket, Transport, TransportKind, TransportServer,
+};
 pub use window::{Pad, ResolvedWindow, WindowSpec};

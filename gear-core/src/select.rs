@@ -52,6 +52,19 @@ pub enum SelectionRule {
     TopK,
 }
 
+/// The probability mass of a random strategy's items: what a sampler that
+/// spreads one batch over several shards weighs each shard by, and what
+/// global importance weights are normalised with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelectionMass {
+    /// Sum of the items' masses (`p^alpha` for prioritized, 1 per item for
+    /// uniform): an item's probability is its mass over this total.
+    pub total: f64,
+    /// The smallest positive mass held (1 for uniform), which gives the
+    /// largest importance weight.
+    pub min: f64,
+}
+
 /// A selection strategy over the committed trajectories of one table.
 ///
 /// Contract (checked by the conformance tests in `tests`):
@@ -168,6 +181,14 @@ pub trait Selector: Send + Sync {
             Err(crate::Error::Unsupported("this strategy keeps no state across checkpoints"))
         }
     }
+
+    /// The mass of the items held, for random strategies whose draws are
+    /// proportional to a per-item mass; `None` (the default) for
+    /// strategies that pick deterministically, which cannot be spread over
+    /// shards by mass.
+    fn mass(&self) -> Option<SelectionMass> {
+        None
+    }
 }
 
 impl<S: Selector + ?Sized> Selector for Box<S> {
@@ -206,6 +227,9 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     }
     fn import_state(&mut self, state: &[u8]) -> Result<()> {
         (**self).import_state(state)
+    }
+    fn mass(&self) -> Option<SelectionMass> {
+        (**self).mass()
     }
 }
 

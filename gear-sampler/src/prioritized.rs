@@ -370,6 +370,10 @@ impl Selector for Prioritized {
         NAME
     }
 
+    fn mass(&self) -> Option<gear_core::SelectionMass> {
+        Some(gear_core::SelectionMass { total: self.tree.total(), min: self.tree.min_positive() })
+    }
+
     fn prepare(&mut self, capacity: u64) -> Result<()> {
         let capacity = check_capacity(capacity, self.len(), NAME)?;
         self.members.prepare(capacity, NAME)?;

@@ -38,6 +38,10 @@ impl Selector for Uniform {
         NAME
     }
 
+    fn mass(&self) -> Option<gear_core::SelectionMass> {
+        Some(gear_core::SelectionMass { total: self.len() as f64, min: 1.0 })
+    }
+
     fn prepare(&mut self, capacity: u64) -> Result<()> {
         let capacity = check_capacity(capacity, self.len(), NAME)?;
         self.members.prepare(capacity, NAME)

@@ -16,6 +16,13 @@
 //! * `gpu-test [--out DIR] [--run | --build-only]`: packs
 //!   gear-cuda's test and bench binaries into a folder a GPU machine without
 //!   cargo can run (`run.sh`), and runs it when a GPU is present.
+//! * `rdma-test [ARGS]`: on a machine with an RDMA device, installs the
+//!   rdma feature's build needs (`gear-rdma/ci/install-build-deps.sh`),
+//!   then runs gear-rdma's loopback example over the real device: register,
+//!   connect queue pairs by GID, READ, check every byte, print a throughput
+//!   figure. ARGS go to the example (`--device`, `--port`, `--gid-index`,
+//!   `--mib`, `--read-kib`, `--batch`, `--seconds`). Fails without a device
+//!   unless `GEAR_REQUIRE_RDMA=0`.
 
 mod compare;
 mod gpu_test;
@@ -31,10 +38,11 @@ fn main() -> Result<()> {
         Some("gpu-test") => gpu_test::run(&args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("compare") => compare::run(&args[1..]),
+        Some("rdma-test") => rdma_test(&args[1..]),
         Some("help") | Some("--help") | None => {
             println!(
                 "cargo xtask <command>\n\ncommands:\n  bench [--quick] [--runs N]   run gear bench over the standard workloads \
-                 (medians of N runs, default 3), write target/bench.md\n  compare [--runs N]  gear bench beside cpprb on the same workloads (own venv), writes target/compare.md and .svg\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked, then the corrupted-table fuzz\n  {}",
+                 (medians of N runs, default 3), write target/bench.md\n  compare [--runs N]  gear bench beside cpprb on the same workloads (own venv), writes target/compare.md and .svg\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked, then the corrupted-table fuzz\n  rdma-test [--device NAME] [--port N] [--gid-index N] [--seconds N]  loopback RDMA READs over a real device, bytes checked, throughput\n  {}",
                 gpu_test::USAGE
             );
             Ok(())
@@ -228,6 +236,28 @@ fn soak(args: &[String]) -> Result<()> {
         .context("running cargo test")?;
     if !status.success() {
         bail!("the corrupted-table fuzz failed (rerun with GEAR_FUZZ_SEED={seed})");
+    }
+    Ok(())
+}
+
+/// Builds and runs gear-rdma's loopback example over the real device. The
+/// build needs of the `rdma` feature come from the repository's own script;
+/// `GEAR_REQUIRE_RDMA=1` makes a missing device a failure.
+fn rdma_test(args: &[String]) -> Result<()> {
+    let script = "build_env=\"$(bash gear-rdma/ci/install-build-deps.sh)\" && eval \"$build_env\" && \
+        exec \"$CARGO\" run --release -p gear-rdma --features rdma --example rdma_loopback -- \"$@\"";
+    let status = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .arg("rdma-test")
+        .args(args)
+        .env("CARGO", env!("CARGO"))
+        .env("GEAR_REQUIRE_RDMA", std::env::var("GEAR_REQUIRE_RDMA").unwrap_or_else(|_| "1".into()))
+        .current_dir(root())
+        .status()
+        .context("running bash")?;
+    if !status.success() {
+        bail!("the rdma loopback test failed");
     }
     Ok(())
 }

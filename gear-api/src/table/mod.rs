@@ -260,6 +260,14 @@ impl ReplayTable {
         self.shared.lock(None)?.reap(0..self.spec().capacity())
     }
 
+    /// The sampling strategy's mass (total and smallest positive), with
+    /// this process's mirror brought in step first; `None` for strategies
+    /// that pick deterministically. Multi-shard samplers weigh shards by it.
+    pub fn selection_mass(&self) -> Result<Option<gear_core::SelectionMass>> {
+        let l = self.shared.lock(None)?;
+        Ok(l.local.sampler.mass())
+    }
+
     /// Updates priorities by key; keys whose trajectory was evicted or
     /// replaced are ignored (late updates are normal in prioritized replay).
     /// Every priority is checked first: one bad value refuses the whole

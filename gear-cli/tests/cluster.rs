@@ -1,0 +1,316 @@
+//! Shard servers as real processes on loopback (`gear serve` with a
+//! `[grpc]` section), driven through gear-net's cluster client: remote
+//! writers into every shard, a trainer checking every row's bytes, a shard
+//! killed with SIGKILL and restarted, tokens and bad requests refused.
+//! Every test runs under a deadline; on expiry its children are killed.
+
+use gear_core::{Pad, WindowSpec};
+use gear_net::{ClusterClient, ClusterConfig, ClusterSample, Error, RemoteTrajectory, WriteTarget};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "test-token-0123456789";
+const MAX_LEN: u64 = 16;
+const OBS: usize = 48;
+
+/// Child pids, killed if a test overruns its deadline.
+static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Runs `body` with a deadline; on expiry, kills every child and fails.
+fn with_deadline(seconds: u64, body: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        body();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(seconds)) {
+        Ok(()) => t.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(p) = t.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            for &pid in CHILDREN.lock().unwrap().iter() {
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            panic!("test overran its {seconds} s deadline; children killed");
+        }
+    }
+}
+
+/// One `gear serve` process.
+struct ShardProcess {
+    child: Child,
+    addr: String,
+}
+
+impl ShardProcess {
+    fn start(dir: &std::path::Path, shard: u32, listen: &str, token: Option<&str>) -> ShardProcess {
+        let name = format!("gearnet-{}-{shard}-{}", std::process::id(), dir.file_name().unwrap().to_string_lossy());
+        let config = dir.join(format!("shard{shard}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"name = "{name}"
+dir = "{dir}"
+max_len = {MAX_LEN}
+capacity = 64
+seed = {shard}
+[[columns]]
+name = "id"
+dtype = "i64"
+[[columns]]
+name = "t"
+dtype = "i32"
+[[columns]]
+name = "obs"
+dtype = "u8"
+shape = [{OBS}]
+[grpc]
+listen = "{listen}"
+shard = {shard}
+"#,
+                dir = dir.display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gear"));
+        cmd.args(["serve", "--config"]).arg(&config).stdout(Stdio::piped()).stderr(Stdio::null());
+        match token {
+            Some(t) => cmd.env("GEAR_TOKEN", t),
+            None => cmd.env_remove("GEAR_TOKEN"),
+        };
+        let mut child = cmd.spawn().unwrap();
+        CHILDREN.lock().unwrap().push(child.id());
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("grpc listening on ") {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_owned());
+                }
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(20)).expect("shard server did not start listening");
+        ShardProcess { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ShardProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gear-net-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Trajectory `id`: `steps` steps; step t holds id, t and obs bytes
+/// `(id * 31 + t * 7 + j) mod 251`.
+fn trajectory(id: u64, steps: u64) -> RemoteTrajectory {
+    let mut cols = vec![Vec::new(), Vec::new(), Vec::new()];
+    for t in 0..steps {
+        cols[0].extend_from_slice(&id.to_le_bytes());
+        cols[1].extend_from_slice(&(t as u32).to_le_bytes());
+        cols[2].extend((0..OBS as u64).map(|j| ((id * 31 + t * 7 + j) % 251) as u8));
+    }
+    RemoteTrajectory { steps, columns: cols, priority: None }
+}
+
+/// Checks every valid step of every row against what was written.
+fn check_rows(batch: &gear_net::ClusterBatch, window_spec: WindowSpec) -> usize {
+    let window = window_spec.len;
+    let rows = batch.keys.len();
+    assert_eq!(batch.columns.len(), 3);
+    assert_eq!(batch.columns[2].len(), rows * window as usize * OBS);
+    for r in 0..rows {
+        let n = batch.lengths[r];
+        assert!(n >= 1 && n <= window, "row {r}: length {n}");
+        // Padding at the head puts the valid steps at the end of the row.
+        let first = r * window as usize + if window_spec.pad == Pad::Head { (window - n) as usize } else { 0 };
+        let id = u64::from_le_bytes(batch.columns[0][first * 8..][..8].try_into().unwrap());
+        for j in 0..n as usize {
+            let step = first + j;
+            let t = batch.starts[r] + j as u64;
+            assert_eq!(
+                u64::from_le_bytes(batch.columns[0][step * 8..][..8].try_into().unwrap()),
+                id,
+                "row {r} step {j}"
+            );
+            assert_eq!(u32::from_le_bytes(batch.columns[1][step * 4..][..4].try_into().unwrap()) as u64, t);
+            let obs = &batch.columns[2][step * OBS..][..OBS];
+            assert!(
+                obs.iter().enumerate().all(|(k, &b)| b == ((id * 31 + t * 7 + k as u64) % 251) as u8),
+                "row {r} step {j} (id {id}, t {t}, length {n}, start {}, shard {}): obs bytes differ: {:?}",
+                batch.starts[r],
+                batch.keys[r].shard,
+                &obs[..8]
+            );
+        }
+        assert!(batch.probabilities[r] > 0.0 && batch.weights[r] > 0.0);
+    }
+    rows
+}
+
+fn client(addrs: Vec<String>, token: &str) -> ClusterClient {
+    let mut config = ClusterConfig::new(addrs, token);
+    config.call_timeout = Duration::from_secs(5);
+    ClusterClient::new(config).unwrap()
+}
+
+#[test]
+fn three_shards_sampled_while_written_a_killed_shard_reported_and_rejoining() {
+    with_deadline(90, || {
+        let dir = temp_dir("three");
+        let mut shards: Vec<ShardProcess> =
+            (0..3).map(|s| ShardProcess::start(&dir, s, "127.0.0.1:0", Some(TOKEN))).collect();
+        let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
+        let cluster = client(addrs.clone(), TOKEN);
+        // Every shard gets writes of its own first, then writers spread.
+        for s in 0..3 {
+            let keys = cluster
+                .insert(
+                    WriteTarget::Shard(s),
+                    (0..4).map(|i| trajectory(s as u64 * 1000 + i, 1 + i % MAX_LEN)).collect(),
+                    3,
+                )
+                .unwrap();
+            assert!(keys.iter().all(|k| k.shard == s as u32));
+        }
+        let window = 8;
+        let request = ClusterSample { rows: 32, window: WindowSpec::last(window), columns: vec![] };
+        let writer_addrs = addrs.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_w = stop.clone();
+        let writer = std::thread::spawn(move || {
+            let w = client(writer_addrs, TOKEN);
+            let mut id = 10_000u64;
+            while !stop_w.load(std::sync::atomic::Ordering::Relaxed) {
+                let batch: Vec<_> = (0..6).map(|i| trajectory(id + i, 1 + (id + i) % MAX_LEN)).collect();
+                id += 6;
+                // Errors are expected while a shard is down.
+                let _ = w.insert(WriteTarget::RoundRobin, batch, 0);
+            }
+            id
+        });
+        let start = Instant::now();
+        let mut rows = 0;
+        let mut seen = [false; 3];
+        while start.elapsed() < Duration::from_secs(3) {
+            let b = cluster.sample(&request).unwrap();
+            assert!(b.lost.is_empty(), "{:?}", b.lost);
+            rows += check_rows(&b, request.window);
+            for k in &b.keys {
+                seen[k.shard as usize] = true;
+            }
+        }
+        assert!(rows > 0 && seen.iter().all(|&s| s), "rows {rows}, shards seen {seen:?}");
+        let old_keys = cluster.sample(&request).unwrap().keys;
+
+        // SIGKILL shard 1 while the trainer samples: batches go on, full, from 0 and 2.
+        let port = shards[1].addr.clone();
+        shards[1].kill();
+        let b = cluster.sample(&request).unwrap();
+        assert!(b.lost.iter().any(|l| l.shard == 1), "lost: {:?}", b.lost);
+        assert_eq!(check_rows(&b, request.window), 32);
+        assert!(b.keys.iter().all(|k| k.shard != 1));
+        for _ in 0..5 {
+            check_rows(&cluster.sample(&request).unwrap(), request.window);
+        }
+
+        // Restarted on the same address (an empty table): it rejoins.
+        shards[1] = ShardProcess::start(&dir, 1, &port, Some(TOKEN));
+        cluster.insert(WriteTarget::Shard(1), (0..4).map(|i| trajectory(5000 + i, 5)).collect(), 0).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut rejoined = false;
+        let mut from_new = false;
+        while Instant::now() < deadline && !(rejoined && from_new) {
+            let b = cluster.sample(&request).unwrap();
+            check_rows(&b, request.window);
+            rejoined |= b.rejoined.contains(&1);
+            from_new |= b.keys.iter().any(|k| k.shard == 1);
+        }
+        assert!(rejoined && from_new, "shard 1 did not rejoin (rejoined {rejoined}, sampled {from_new})");
+        // Keys of its previous run are stale, never applied to new items.
+        let old: Vec<_> = old_keys.iter().filter(|k| k.shard == 1).map(|&k| (k, 5.0)).collect();
+        let fresh: Vec<_> = old_keys.iter().filter(|k| k.shard != 1).map(|&k| (k, 5.0)).collect();
+        if !old.is_empty() {
+            assert_eq!(cluster.update_priorities(&old).unwrap(), 0);
+        }
+        assert!(cluster.update_priorities(&fresh).unwrap() <= fresh.len() as u64);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let written = writer.join().unwrap();
+        assert!(written > 10_000, "the remote writer inserted nothing");
+        for s in 0..3 {
+            assert!(cluster.info(s).unwrap().inserts > 0, "shard {s} got no inserts");
+        }
+        drop(shards);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+#[test]
+fn wrong_or_missing_tokens_and_out_of_range_requests_are_refused() {
+    with_deadline(60, || {
+        let dir = temp_dir("refuse");
+        let shard = ShardProcess::start(&dir, 0, "127.0.0.1:0", Some(TOKEN));
+        let unauthenticated = |e: Error| match e {
+            Error::Status { status, .. } => status.code() == tonic::Code::Unauthenticated,
+            other => panic!("expected a refusal, got {other}"),
+        };
+        let wrong = client(vec![shard.addr.clone()], "wrong-token-0123456789");
+        assert!(unauthenticated(wrong.info(0).unwrap_err()));
+        assert!(unauthenticated(wrong.insert(WriteTarget::Shard(0), vec![trajectory(1, 2)], 0).unwrap_err()));
+        // No token at all: a raw gRPC call without metadata.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let status = rt
+            .block_on(async {
+                let mut c = gear_net::proto::shard_client::ShardClient::connect(format!("http://{}", shard.addr))
+                    .await
+                    .unwrap();
+                c.health(gear_net::proto::HealthRequest {}).await
+            })
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+
+        let good = client(vec![shard.addr.clone()], TOKEN);
+        good.insert(WriteTarget::Shard(0), vec![trajectory(1, 4)], 0).unwrap();
+        let invalid = |r: ClusterSample| match good.sample(&r).unwrap_err() {
+            Error::Status { status, .. } => {
+                assert!(
+                    matches!(status.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted),
+                    "{status}"
+                );
+            }
+            other => panic!("expected a refusal, got {other}"),
+        };
+        invalid(ClusterSample { rows: 4, window: WindowSpec::last(MAX_LEN + 1), columns: vec![] });
+        invalid(ClusterSample { rows: 4, window: WindowSpec::last(4), columns: vec!["nope".into()] });
+        invalid(ClusterSample { rows: 1 << 30, window: WindowSpec::last(4), columns: vec![] });
+        // A trajectory longer than the table's T, and a short buffer.
+        assert!(good.insert(WriteTarget::Shard(0), vec![trajectory(2, MAX_LEN + 1)], 0).is_err());
+        let mut bad = trajectory(3, 2);
+        bad.columns[2].pop();
+        assert!(good.insert(WriteTarget::Shard(0), vec![bad], 0).is_err());
+        // The server is still fine.
+        let b = good.sample(&ClusterSample { rows: 2, window: WindowSpec::last(4), columns: vec![] }).unwrap();
+        assert_eq!(check_rows(&b, WindowSpec::last(4)), 2);
+        drop(shard);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

@@ -1,0 +1,652 @@
+//! The cluster client: one table's distribution over many shards.
+//!
+//! A batch is drawn in two steps. First every shard reports its size and
+//! priority mass (`Info`); the client draws how many rows come from each
+//! shard, each row independently with probability `mass_s / M`
+//! (`M = sum of masses`). Then each shard draws its rows with its own
+//! strategy and gathers their windows. A row's global probability is
+//! `mass_s / M * p_local`, which for a proportional strategy is
+//! `mass_i / M`, exactly what one table holding every item would give; the
+//! importance weight is `(P / P_min)^-beta` with `P_min = min_s(min mass) / M`,
+//! normalised as one table normalises it. Between the `Info` and the draw a
+//! shard may change (inserts, updates): the reported probability is the one
+//! the row was really drawn with (allocation from the `Info` masses, local
+//! probability from the draw), so the bias of a stale total shows up in the
+//! probabilities rather than hiding.
+//!
+//! Deterministic strategies (FIFO, LIFO, heaps) cannot be merged this way;
+//! over more than one live shard they are refused.
+//!
+//! Every call has a deadline. A shard that fails (connection refused,
+//! deadline, unavailable) is left out of that batch and named in
+//! [`ClusterBatch::lost`]; its rows are drawn from the others. It is asked
+//! again on the next batch, so a restarted shard rejoins on its own; its new
+//! incarnation makes keys from its previous run stale.
+
+use crate::auth::TokenAttach;
+use crate::convert::spec_from_proto;
+use crate::error::{Error, Result};
+use crate::proto::shard_client::ShardClient as GrpcShardClient;
+use crate::proto::{self, InfoRequest, InsertChunk, SampleRequest, SpecRequest, UpdateRequest};
+use gear_core::{Pad, RandomSource, TableSpec, WindowSpec, Xoshiro256};
+use parking_lot::Mutex;
+use std::time::Duration;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+type Grpc = GrpcShardClient<InterceptedService<Channel, TokenAttach>>;
+
+/// A key of a cluster: the shard, the shard's incarnation, and the slot key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteKey {
+    /// The shard's index in the cluster.
+    pub shard: u32,
+    /// The run of the shard server that made the key.
+    pub incarnation: u64,
+    /// Slot index inside the shard.
+    pub slot: u32,
+    /// Generation of the slot when the key was made.
+    pub generation: u32,
+}
+
+impl From<&proto::Key> for RemoteKey {
+    fn from(k: &proto::Key) -> Self {
+        RemoteKey { shard: k.shard, incarnation: k.incarnation, slot: k.slot, generation: k.generation }
+    }
+}
+
+impl From<RemoteKey> for proto::Key {
+    fn from(k: RemoteKey) -> Self {
+        proto::Key { shard: k.shard, incarnation: k.incarnation, slot: k.slot, generation: k.generation }
+    }
+}
+
+/// How the client reaches the cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// `host:port` of each shard server, index = shard id.
+    pub shards: Vec<String>,
+    /// The cluster token.
+    pub token: String,
+    /// Deadline of each call.
+    pub call_timeout: Duration,
+    /// Deadline of connecting.
+    pub connect_timeout: Duration,
+    /// Largest message received or sent.
+    pub max_message_bytes: usize,
+    /// Seed of the row allocation.
+    pub seed: u64,
+}
+
+impl ClusterConfig {
+    /// Shards at `addresses`, 10 s call deadlines, 1 s connect deadline.
+    pub fn new(addresses: Vec<String>, token: impl Into<String>) -> Self {
+        ClusterConfig {
+            shards: addresses,
+            token: token.into(),
+            call_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(1),
+            max_message_bytes: crate::server::DEFAULT_MAX_MESSAGE_BYTES as usize,
+            seed: 0,
+        }
+    }
+}
+
+/// A shard left out of a call, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostShard {
+    /// The shard's index.
+    pub shard: usize,
+    /// What failed.
+    pub reason: String,
+}
+
+/// A batch drawn across shards. Rows are grouped by shard.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterBatch {
+    /// Per requested column, `rows x window x step bytes`.
+    pub columns: Vec<Vec<u8>>,
+    /// Key of each row.
+    pub keys: Vec<RemoteKey>,
+    /// Valid steps of each row.
+    pub lengths: Vec<u64>,
+    /// The stored step each row's window starts at.
+    pub starts: Vec<u64>,
+    /// Global probability of each row.
+    pub probabilities: Vec<f64>,
+    /// Global importance weight of each row (largest possible is 1).
+    pub weights: Vec<f64>,
+    /// Shards left out of this batch.
+    pub lost: Vec<LostShard>,
+    /// Shards that answered again after being lost, or with a new incarnation.
+    pub rejoined: Vec<usize>,
+}
+
+/// What to sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSample {
+    /// Rows in the batch.
+    pub rows: u64,
+    /// The window of each row.
+    pub window: WindowSpec,
+    /// Columns by name; empty: all.
+    pub columns: Vec<String>,
+}
+
+/// One trajectory to insert remotely.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteTrajectory {
+    /// Steps.
+    pub steps: u64,
+    /// One buffer per column: `steps x step bytes`.
+    pub columns: Vec<Vec<u8>>,
+    /// Priority (`None`: the strategy's default).
+    pub priority: Option<f64>,
+}
+
+/// Where a writer's trajectories go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteTarget {
+    /// This shard.
+    Shard(usize),
+    /// The next live shard, in turn.
+    RoundRobin,
+}
+
+#[derive(Debug, Default)]
+struct ShardState {
+    incarnation: Option<u64>,
+    lost: bool,
+}
+
+/// A client of every shard of a cluster. Its methods block (it owns a small
+/// tokio runtime), so trainers and actors need no async code.
+pub struct ClusterClient {
+    runtime: tokio::runtime::Runtime,
+    shards: Vec<Grpc>,
+    config: ClusterConfig,
+    state: Mutex<Vec<ShardState>>,
+    rng: Mutex<Xoshiro256>,
+    next_writer: Mutex<usize>,
+    /// The strategy's importance exponent, asked once (again after a
+    /// shard rejoins).
+    beta: Mutex<Option<f64>>,
+}
+
+impl std::fmt::Debug for ClusterClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterClient").field("shards", &self.config.shards).finish()
+    }
+}
+
+fn status(shard: usize, s: tonic::Status) -> Error {
+    Error::Status { shard, status: Box::new(s) }
+}
+
+/// The local probability of a shard's own draw, scaled to the cluster.
+fn global_probability(local: f64, shard_mass: f64, total_mass: f64) -> f64 {
+    if total_mass > 0.0 {
+        local * shard_mass / total_mass
+    } else {
+        0.0
+    }
+}
+
+impl ClusterClient {
+    /// Prepares channels to every shard (connections open lazily, so a
+    /// shard that is down now can join later).
+    pub fn new(config: ClusterConfig) -> Result<Self> {
+        if config.shards.is_empty() {
+            return Err(Error::Config("a cluster needs at least one shard".into()));
+        }
+        crate::auth::check_token(&config.token)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let attach = TokenAttach::new(&config.token)?;
+        let _guard = runtime.enter();
+        let mut shards = Vec::with_capacity(config.shards.len());
+        for addr in &config.shards {
+            let channel = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| Error::Config(format!("shard address `{addr}`: {e}")))?
+                .connect_timeout(config.connect_timeout)
+                .timeout(config.call_timeout)
+                .tcp_nodelay(true)
+                .initial_stream_window_size(Some(8 << 20))
+                .initial_connection_window_size(Some(32 << 20))
+                .connect_lazy();
+            shards.push(
+                GrpcShardClient::with_interceptor(channel, attach.clone())
+                    .max_decoding_message_size(config.max_message_bytes)
+                    .max_encoding_message_size(config.max_message_bytes),
+            );
+        }
+        let state = (0..shards.len()).map(|_| ShardState::default()).collect();
+        let rng = Xoshiro256::seed_from_u64(config.seed);
+        Ok(ClusterClient {
+            runtime,
+            shards,
+            config,
+            state: Mutex::new(state),
+            rng: Mutex::new(rng),
+            next_writer: Mutex::new(0),
+            beta: Mutex::new(None),
+        })
+    }
+
+    /// Number of shards in the config.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The spec of shard `shard` (every shard of a table has the same).
+    pub fn spec(&self, shard: usize) -> Result<(TableSpec, proto::SpecReply)> {
+        let mut c = self.client(shard)?;
+        let reply = self.runtime.block_on(c.get_spec(SpecRequest {})).map_err(|s| status(shard, s))?.into_inner();
+        Ok((spec_from_proto(&reply)?, reply))
+    }
+
+    /// Counters of shard `shard`.
+    pub fn info(&self, shard: usize) -> Result<proto::InfoReply> {
+        let mut c = self.client(shard)?;
+        Ok(self.runtime.block_on(c.info(InfoRequest {})).map_err(|s| status(shard, s))?.into_inner())
+    }
+
+    fn client(&self, shard: usize) -> Result<Grpc> {
+        self.shards.get(shard).cloned().ok_or_else(|| Error::Config(format!("no shard {shard}")))
+    }
+
+    /// Records that `shard` answered with `incarnation`; returns whether it
+    /// rejoined (was lost, or restarted).
+    fn mark_alive(&self, shard: usize, incarnation: u64) -> bool {
+        let mut st = self.state.lock();
+        let s = &mut st[shard];
+        let rejoined = s.lost || s.incarnation.is_some_and(|i| i != incarnation);
+        if rejoined {
+            *self.beta.lock() = None;
+            eprintln!("gear-net: shard {shard} ({}) is back (incarnation {incarnation:#x})", self.config.shards[shard]);
+        }
+        s.lost = false;
+        s.incarnation = Some(incarnation);
+        rejoined
+    }
+
+    fn mark_lost(&self, shard: usize, reason: &str) {
+        let mut st = self.state.lock();
+        if !st[shard].lost {
+            eprintln!("gear-net: shard {shard} ({}) left out: {reason}", self.config.shards[shard]);
+        }
+        st[shard].lost = true;
+    }
+
+    /// Draws one batch across every live shard with one table's
+    /// distribution (see the module doc).
+    pub fn sample(&self, request: &ClusterSample) -> Result<ClusterBatch> {
+        let mut batch = ClusterBatch::default();
+        // Every shard's size and mass, asked at once.
+        let infos = self.runtime.block_on(async {
+            let calls =
+                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
+            let mut out = Vec::new();
+            for call in calls.collect::<Vec<_>>() {
+                out.push(call.await);
+            }
+            out
+        });
+        let mut masses = vec![0.0f64; self.shards.len()];
+        let mut min_mass = f64::INFINITY;
+        let mut deterministic = 0usize;
+        for (s, r) in infos.into_iter().enumerate() {
+            match r {
+                Ok(Ok(reply)) => {
+                    let info = reply.into_inner();
+                    if info.shard as usize != s {
+                        self.mark_lost(s, "answers with another shard id");
+                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
+                        continue;
+                    }
+                    if self.mark_alive(s, info.incarnation) {
+                        batch.rejoined.push(s);
+                    }
+                    if info.size == 0 {
+                        continue;
+                    }
+                    if !(info.total_mass.is_finite() && info.total_mass >= 0.0) {
+                        return Err(Error::Malformed { shard: s, what: format!("total mass {}", info.total_mass) });
+                    }
+                    if info.total_mass == 0.0 {
+                        deterministic += 1;
+                    }
+                    masses[s] = info.total_mass;
+                    if info.min_mass > 0.0 {
+                        min_mass = min_mass.min(info.min_mass);
+                    }
+                }
+                Ok(Err(e)) => {
+                    self.mark_lost(s, e.message());
+                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
+                }
+                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
+            }
+        }
+        let stocked = masses.iter().filter(|&&m| m > 0.0).count() + deterministic;
+        if deterministic > 0 && stocked > 1 {
+            return Err(Error::Unsupported(
+                "a deterministic strategy (FIFO, LIFO, heap) cannot be merged exactly across shards; \
+                 sample one shard with `sample_shard`"
+                    .into(),
+            ));
+        }
+        if deterministic == 1 {
+            let s = (0..self.shards.len()).find(|&s| masses[s] == 0.0 && !batch.lost.iter().any(|l| l.shard == s));
+            if let Some(s) = s {
+                let mut one = self.sample_shard(s, request)?;
+                one.lost = batch.lost;
+                one.rejoined = batch.rejoined;
+                return Ok(one);
+            }
+        }
+        let beta = self.beta()?;
+        let mut remaining = request.rows;
+        let mut results = Vec::new();
+        // A shard failing mid-draw gives its rows to the others.
+        for _round in 0..self.shards.len() {
+            let total: f64 = masses.iter().sum();
+            if remaining == 0 {
+                break;
+            }
+            if total <= 0.0 {
+                return Err(Error::NoShard(format!(
+                    "no shard holds items ({} lost: {:?})",
+                    batch.lost.len(),
+                    batch.lost
+                )));
+            }
+            let counts = self.allocate(&masses, remaining);
+            let replies = self.runtime.block_on(async {
+                let mut calls = Vec::new();
+                for (s, &n) in counts.iter().enumerate() {
+                    if n == 0 {
+                        continue;
+                    }
+                    let mut c = self.shards[s].clone();
+                    let req = sample_request(request, n, self.config.call_timeout);
+                    calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
+                }
+                let mut out = Vec::new();
+                for (s, n, call) in calls {
+                    out.push((s, n, call.await));
+                }
+                out
+            });
+            for (s, n, r) in replies {
+                match r {
+                    Ok(Ok(reply)) => {
+                        let reply = reply.into_inner();
+                        check_sample_reply(s, n, &reply)?;
+                        remaining -= n;
+                        results.push((s, masses[s], total, reply));
+                    }
+                    Ok(Err(e)) if matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) => {
+                        return Err(status(s, e));
+                    }
+                    Ok(Err(e)) => {
+                        self.mark_lost(s, e.message());
+                        batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
+                        masses[s] = 0.0;
+                    }
+                    Err(e) => {
+                        batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") });
+                        masses[s] = 0.0;
+                    }
+                }
+            }
+        }
+        if remaining > 0 {
+            return Err(Error::NoShard(format!("{remaining} rows could not be drawn; lost: {:?}", batch.lost)));
+        }
+        let columns = results.first().map_or(0, |r| r.3.columns.len());
+        batch.columns = vec![Vec::new(); columns];
+        for (_, shard_mass, total, reply) in results {
+            for (c, bytes) in reply.columns.into_iter().enumerate() {
+                batch.columns[c].extend_from_slice(&bytes);
+            }
+            batch.keys.extend(reply.keys.iter().map(RemoteKey::from));
+            batch.lengths.extend(reply.lengths);
+            batch.starts.extend(reply.starts);
+            for p in reply.probabilities {
+                let p = global_probability(p, shard_mass, total);
+                let p_min = min_mass / total;
+                let w = if beta == 0.0 || p <= 0.0 { 1.0 } else { (p_min / p).powf(beta) };
+                batch.probabilities.push(p);
+                batch.weights.push(w);
+            }
+        }
+        Ok(batch)
+    }
+
+    /// The importance exponent every shard's strategy uses (0 unless prioritized).
+    fn beta(&self) -> Result<f64> {
+        if let Some(b) = *self.beta.lock() {
+            return Ok(b);
+        }
+        let mut beta = None;
+        let mut last_err = None;
+        for s in 0..self.shards.len() {
+            if self.state.lock()[s].lost {
+                continue;
+            }
+            match self.spec(s) {
+                Ok((_, reply)) => {
+                    beta = Some(reply.beta);
+                    break;
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        let beta = beta.ok_or_else(|| last_err.unwrap_or_else(|| Error::NoShard("every shard is lost".into())))?;
+        *self.beta.lock() = Some(beta);
+        Ok(beta)
+    }
+
+    /// Rows per shard: each row independently from shard `s` with
+    /// probability `masses[s] / sum`.
+    fn allocate(&self, masses: &[f64], rows: u64) -> Vec<u64> {
+        let total: f64 = masses.iter().sum();
+        let mut counts = vec![0u64; masses.len()];
+        let last = masses.iter().rposition(|&m| m > 0.0).unwrap_or(0);
+        let mut rng = self.rng.lock();
+        for _ in 0..rows {
+            let mut u = rng.next_f64() * total;
+            let mut pick = last;
+            for (s, &m) in masses.iter().enumerate() {
+                if m > 0.0 && u < m {
+                    pick = s;
+                    break;
+                }
+                u -= m;
+            }
+            counts[pick] += 1;
+        }
+        counts
+    }
+
+    /// Draws a batch from one shard only (its own probabilities and
+    /// weights; for deterministic strategies).
+    pub fn sample_shard(&self, shard: usize, request: &ClusterSample) -> Result<ClusterBatch> {
+        let mut c = self.client(shard)?;
+        let req = sample_request(request, request.rows, self.config.call_timeout);
+        let reply = match self.runtime.block_on(c.sample(req)) {
+            Ok(r) => r.into_inner(),
+            Err(e) => {
+                self.mark_lost(shard, e.message());
+                return Err(status(shard, e));
+            }
+        };
+        check_sample_reply(shard, request.rows, &reply)?;
+        let rejoined = self.mark_alive(shard, reply.incarnation);
+        Ok(ClusterBatch {
+            keys: reply.keys.iter().map(RemoteKey::from).collect(),
+            columns: reply.columns,
+            lengths: reply.lengths,
+            starts: reply.starts,
+            probabilities: reply.probabilities,
+            weights: reply.weights,
+            lost: Vec::new(),
+            rejoined: if rejoined { vec![shard] } else { Vec::new() },
+        })
+    }
+
+    /// Sends each update to the shard that owns its key. Returns how many
+    /// were applied; stale keys (evicted, or from a previous run of the
+    /// shard) are ignored. A shard that cannot be reached is an error.
+    pub fn update_priorities(&self, updates: &[(RemoteKey, f64)]) -> Result<u64> {
+        let mut per_shard: Vec<Vec<proto::PriorityUpdate>> = vec![Vec::new(); self.shards.len()];
+        for &(key, priority) in updates {
+            let s = key.shard as usize;
+            let list = per_shard
+                .get_mut(s)
+                .ok_or_else(|| Error::Config(format!("key names shard {s}, the cluster has {}", self.shards.len())))?;
+            list.push(proto::PriorityUpdate { key: Some(key.into()), priority });
+        }
+        let mut applied = 0;
+        for (s, list) in per_shard.into_iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let mut c = self.shards[s].clone();
+            let reply = self
+                .runtime
+                .block_on(c.update_priorities(UpdateRequest { updates: list }))
+                .map_err(|e| status(s, e))?;
+            applied += reply.into_inner().applied;
+        }
+        Ok(applied)
+    }
+
+    /// Inserts whole trajectories, each sent in chunks of at most
+    /// `chunk_steps` steps (0: one chunk each), into `target`. Returns the
+    /// keys in the order of `trajectories`.
+    pub fn insert(
+        &self,
+        target: WriteTarget,
+        trajectories: Vec<RemoteTrajectory>,
+        chunk_steps: u64,
+    ) -> Result<Vec<RemoteKey>> {
+        let n = self.shards.len();
+        let mut per_shard: Vec<Vec<(usize, RemoteTrajectory)>> = vec![Vec::new(); n];
+        match target {
+            WriteTarget::Shard(s) if s < n => per_shard[s] = trajectories.into_iter().enumerate().collect(),
+            WriteTarget::Shard(s) => return Err(Error::Config(format!("no shard {s}; the cluster has {n}"))),
+            WriteTarget::RoundRobin => {
+                let live: Vec<usize> = {
+                    let st = self.state.lock();
+                    (0..n).filter(|&s| !st[s].lost).collect()
+                };
+                let live = if live.is_empty() { (0..n).collect() } else { live };
+                let mut next = self.next_writer.lock();
+                for (i, t) in trajectories.into_iter().enumerate() {
+                    per_shard[live[*next % live.len()]].push((i, t));
+                    *next = next.wrapping_add(1);
+                }
+            }
+        }
+        let total: usize = per_shard.iter().map(Vec::len).sum();
+        let mut keys = vec![None; total];
+        let results = self.runtime.block_on(async {
+            let mut calls = Vec::new();
+            for (s, list) in per_shard.into_iter().enumerate() {
+                if list.is_empty() {
+                    continue;
+                }
+                let order: Vec<usize> = list.iter().map(|(i, _)| *i).collect();
+                let chunks = chunks_of(list.into_iter().map(|(_, t)| t), chunk_steps);
+                let mut c = self.shards[s].clone();
+                calls.push((s, order, tokio::spawn(async move { c.insert(tokio_stream::iter(chunks)).await })));
+            }
+            let mut out = Vec::new();
+            for (s, order, call) in calls {
+                out.push((s, order, call.await));
+            }
+            out
+        });
+        for (s, order, r) in results {
+            let reply = match r {
+                Ok(Ok(reply)) => reply.into_inner(),
+                Ok(Err(e)) => {
+                    if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) {
+                        self.mark_lost(s, e.message());
+                    }
+                    return Err(status(s, e));
+                }
+                Err(e) => return Err(Error::NoShard(format!("insert into shard {s} failed: {e}"))),
+            };
+            if reply.keys.len() != order.len() {
+                return Err(Error::Malformed {
+                    shard: s,
+                    what: format!("{} keys for {} trajectories", reply.keys.len(), order.len()),
+                });
+            }
+            for (i, k) in order.into_iter().zip(&reply.keys) {
+                keys[i] = Some(RemoteKey::from(k));
+            }
+        }
+        Ok(keys.into_iter().flatten().collect())
+    }
+}
+
+fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration) -> SampleRequest {
+    SampleRequest {
+        rows,
+        window_offset: request.window.offset,
+        window_len: request.window.len,
+        pad: match request.window.pad {
+            Pad::Tail => proto::Pad::Tail as i32,
+            Pad::Head => proto::Pad::Head as i32,
+        },
+        columns: request.columns.clone(),
+        // The shard gives up waiting a little before the client's deadline.
+        timeout_ms: (timeout.as_millis() as u64).saturating_mul(3) / 4,
+    }
+}
+
+/// A shard's reply must have one entry per row in every per-row field.
+fn check_sample_reply(shard: usize, rows: u64, r: &proto::SampleReply) -> Result<()> {
+    let n = rows as usize;
+    let counts = [r.keys.len(), r.lengths.len(), r.starts.len(), r.probabilities.len(), r.weights.len()];
+    if counts.iter().any(|&c| c != n) {
+        return Err(Error::Malformed { shard, what: format!("per-row fields have {counts:?} entries for {n} rows") });
+    }
+    if r.shard as usize != shard || r.keys.iter().any(|k| k.shard as usize != shard || k.incarnation != r.incarnation) {
+        return Err(Error::Malformed { shard, what: "keys name another shard or run".into() });
+    }
+    if r.columns.iter().any(|c| c.len() % n.max(1) != 0) {
+        return Err(Error::Malformed { shard, what: "a column buffer is not a whole number of rows".into() });
+    }
+    Ok(())
+}
+
+/// The insert stream of `trajectories`: chunks of at most `chunk_steps`.
+fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
+    let mut out = Vec::new();
+    for t in trajectories {
+        if chunk_steps == 0 || chunk_steps >= t.steps {
+            // One chunk: the buffers move, no copy.
+            out.push(InsertChunk { steps: t.steps, columns: t.columns, priority: t.priority, end: true });
+            continue;
+        }
+        let step_bytes: Vec<usize> = t.columns.iter().map(|c| c.len() / t.steps as usize).collect();
+        let mut done = 0u64;
+        while done < t.steps {
+            let steps = chunk_steps.min(t.steps - done);
+            let columns = t
+                .columns
+                .iter()
+                .zip(&step_bytes)
+                .map(|(c, &b)| c.get(done as usize * b..(done + steps) as usize * b).unwrap_or_default().to_vec())
+                .collect();
+            let priority = if done == 0 { t.priority } else { None };
+            done += steps;
+            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps });
+        }
+    }
+    out
+}

@@ -1,0 +1,47 @@
+//! The crate's error type.
+
+/// What can go wrong serving or reaching a shard.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The replay table refused or failed.
+    #[error(transparent)]
+    Table(#[from] gear_api::Error),
+    /// A spec, window or key was invalid.
+    #[error(transparent)]
+    Core(#[from] gear_core::Error),
+    /// A configuration that cannot work.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The transport failed (connect, TLS, listen).
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// A shard answered with an error status.
+    #[error("shard {shard}: {status}")]
+    Status {
+        /// The shard's index in the cluster config.
+        shard: usize,
+        /// What it answered.
+        status: Box<tonic::Status>,
+    },
+    /// A shard's reply broke the protocol (wrong sizes, counts, ids).
+    #[error("shard {shard} sent a malformed reply: {what}")]
+    Malformed {
+        /// The shard's index in the cluster config.
+        shard: usize,
+        /// What was wrong.
+        what: String,
+    },
+    /// No shard could serve the call.
+    #[error("no live shard: {0}")]
+    NoShard(String),
+    /// The operation cannot keep its semantics across shards.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// An I/O error (sockets, runtime).
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,40 @@
+//! # gear-net
+//!
+//! GEAR-rs over the network, on gRPC (tonic/prost; the interface is
+//! `proto/gear.proto`):
+//!
+//! * [`server`]: a shard server hosting one [`gear_api::ReplayTable`] —
+//!   spec and region, sampling (the shard draws with its strategy, gathers
+//!   the windows and re-checks each slot's generation, redrawing torn rows),
+//!   priority updates, streamed remote inserts, info, health;
+//! * [`client`]: [`ClusterClient`], which samples across shards with one
+//!   table's distribution, routes priority updates to the owning shard,
+//!   spreads writers, and leaves out (and reports) shards that fail;
+//! * [`auth`]: the cluster token every call carries.
+//!
+//! Contract: nothing received from the network can panic a server; every
+//! field is checked before use ([`convert`]), every client call has a
+//! deadline.
+
+#![warn(missing_docs)]
+// tonic fixes the error type of every handler as `Status` (176 bytes); the
+// checks that feed handlers return it too rather than box and unbox it.
+#![allow(clippy::result_large_err)]
+
+pub mod auth;
+pub mod client;
+pub mod convert;
+pub mod error;
+pub mod server;
+
+/// The generated gRPC messages and services (`gear.v1`).
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("gear.v1");
+}
+
+pub use client::{
+    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, LostShard, RemoteKey, RemoteTrajectory, WriteTarget,
+};
+pub use error::{Error, Result};
+pub use server::{ServerConfig, ServerHandle, ShardService, StrategyInfo};

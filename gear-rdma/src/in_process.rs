@@ -1,0 +1,374 @@
+//! A test implementation of [`Verbs`] inside one process, so the logic
+//! above the verbs runs in CI where no RDMA device exists. It is not a
+//! transport for production: bytes move by `memcpy` between regions of this
+//! process, and "remote" nodes are other values on the same
+//! [`InProcessFabric`].
+//!
+//! What it models, after the RC rules in [`crate::verbs`]: memory regions
+//! with lkeys and rkeys and access rights checked on every request; queue
+//! pairs found by (GID, QP number) that must be connected to each other;
+//! READs refused when the initiator's `max_rd_atomic` or the responder's
+//! `max_dest_rd_atomic` is 0 (as on hardware, where sideway's examples'
+//! zeros make every READ fail); completions in order, signalled ones only
+//! on success, errors always, the queue pair in the error state after an
+//! error and everything after it flushed; a completion queue that reports
+//! overruns. Tests inject what a network does: a READ that fails with a
+//! chosen status, a peer that stops answering (requests held until
+//! released), and a post that takes only a prefix of a chain. It records
+//! every posted chain so tests can check how reads were split.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::verbs::{
+    CompletionStatus, ConnectAttributes, MemoryAccess, MemoryKeys, PortAttributes, PostError, QueuePairCaps,
+    QueuePairId, ReadRequest, Verbs, WorkCompletion,
+};
+
+/// The raw `IBV_WC_LOC_QP_OP_ERR` status, reported for a READ posted on a
+/// queue pair whose `max_rd_atomic` is 0.
+pub const LOCAL_QP_OPERATION_ERROR: u32 = 2;
+
+/// A set of in-process nodes that can reach each other by GID.
+#[derive(Clone, Default)]
+pub struct InProcessFabric {
+    state: Arc<Mutex<FabricState>>,
+}
+
+/// One chain as it was posted, for tests to inspect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostedChain {
+    /// GID of the node that posted it.
+    pub gid: [u8; 16],
+    /// The local queue pair.
+    pub qp_number: u32,
+    /// Each request's signalled flag, in order.
+    pub signaled: Vec<bool>,
+}
+
+#[derive(Default)]
+struct FabricState {
+    nodes: HashMap<[u8; 16], Node>,
+    next_key: u32,
+    next_qp_number: u32,
+    posted: Vec<PostedChain>,
+}
+
+struct Node {
+    port: PortAttributes,
+    regions: HashMap<u32, Region>,
+    queue_pairs: HashMap<u32, QueuePair>,
+    completions: VecDeque<WorkCompletion>,
+    cq_entries: Option<usize>,
+    cq_overrun: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Region {
+    addr: u64,
+    len: u64,
+    access: MemoryAccess,
+}
+
+#[derive(Default)]
+struct QueuePair {
+    connected: Option<ConnectAttributes>,
+    errored: bool,
+    /// Requests posted while the peer does not answer.
+    held_requests: VecDeque<ReadRequest>,
+    holding: bool,
+    /// Fail the READ after this many more succeed, with this status.
+    fail_after: Option<(usize, CompletionStatus)>,
+    /// Accept only this many requests of the next post.
+    post_limit: Option<usize>,
+}
+
+fn lock(state: &Mutex<FabricState>) -> MutexGuard<'_, FabricState> {
+    // A panic while holding the lock cannot leave the maps half-updated in a
+    // way that matters to a test double; keep going.
+    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl InProcessFabric {
+    /// An empty fabric.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a node (one device port) with GID `gid`, RoCE-like (LID 0), a
+    /// 4096-byte MTU and outstanding-read limits of 16.
+    pub fn add_node(&self, gid: [u8; 16]) -> Result<InProcessVerbs> {
+        let port =
+            PortAttributes { gid, gid_index: 0, lid: 0, mtu: 4096, max_read_initiator: 16, max_read_responder: 16 };
+        self.add_node_with(port)
+    }
+
+    /// Adds a node with the given port attributes.
+    pub fn add_node_with(&self, port: PortAttributes) -> Result<InProcessVerbs> {
+        let mut st = lock(&self.state);
+        if st.nodes.contains_key(&port.gid) {
+            return Err(Error::verbs("in-process add_node", format!("gid {:02x?} already on the fabric", port.gid)));
+        }
+        let node = Node {
+            port,
+            regions: HashMap::new(),
+            queue_pairs: HashMap::new(),
+            completions: VecDeque::new(),
+            cq_entries: None,
+            cq_overrun: false,
+        };
+        st.nodes.insert(port.gid, node);
+        Ok(InProcessVerbs { fabric: self.clone(), gid: port.gid })
+    }
+
+    /// Every chain posted so far, in order.
+    pub fn posted_chains(&self) -> Vec<PostedChain> {
+        lock(&self.state).posted.clone()
+    }
+
+    /// Forgets the recorded chains.
+    pub fn clear_posted_chains(&self) {
+        lock(&self.state).posted.clear();
+    }
+}
+
+/// One node of an [`InProcessFabric`]: a test implementation of [`Verbs`].
+#[derive(Clone)]
+pub struct InProcessVerbs {
+    fabric: InProcessFabric,
+    gid: [u8; 16],
+}
+
+impl InProcessVerbs {
+    fn with_queue_pair<T>(&self, qp_number: u32, f: impl FnOnce(&mut QueuePair) -> T) -> Result<T> {
+        let mut st = lock(&self.fabric.state);
+        let qp = st
+            .nodes
+            .get_mut(&self.gid)
+            .and_then(|n| n.queue_pairs.get_mut(&qp_number))
+            .ok_or_else(|| Error::verbs("in-process fault injection", format!("no queue pair {qp_number:#x}")))?;
+        Ok(f(qp))
+    }
+
+    /// The READ on `qp_number` after the next `after` successful ones
+    /// completes with `status` (and the queue pair enters the error state).
+    pub fn fail_read_after(&self, qp_number: u32, after: usize, status: CompletionStatus) -> Result<()> {
+        self.with_queue_pair(qp_number, |qp| qp.fail_after = Some((after, status)))
+    }
+
+    /// The peer of `qp_number` stops answering: requests posted on it wait
+    /// until [`release`](Self::release).
+    pub fn hold(&self, qp_number: u32) -> Result<()> {
+        self.with_queue_pair(qp_number, |qp| qp.holding = true)
+    }
+
+    /// Runs the requests held on `qp_number` and answers again.
+    pub fn release(&self, qp_number: u32) -> Result<()> {
+        let mut st = lock(&self.fabric.state);
+        let held: Vec<ReadRequest> = {
+            let qp = st
+                .nodes
+                .get_mut(&self.gid)
+                .and_then(|n| n.queue_pairs.get_mut(&qp_number))
+                .ok_or_else(|| Error::verbs("in-process release", format!("no queue pair {qp_number:#x}")))?;
+            qp.holding = false;
+            qp.held_requests.drain(..).collect()
+        };
+        for request in held {
+            execute(&mut st, self.gid, qp_number, request);
+        }
+        Ok(())
+    }
+
+    /// The next post on `qp_number` takes only its first `posted` requests
+    /// and refuses the rest.
+    pub fn limit_next_post(&self, qp_number: u32, posted: usize) -> Result<()> {
+        self.with_queue_pair(qp_number, |qp| qp.post_limit = Some(posted))
+    }
+
+    /// Whether `qp_number` is in the error state.
+    pub fn is_errored(&self, qp_number: u32) -> Result<bool> {
+        self.with_queue_pair(qp_number, |qp| qp.errored)
+    }
+}
+
+fn complete(node: &mut Node, wc: WorkCompletion) {
+    match node.cq_entries {
+        Some(cap) if node.completions.len() >= cap => node.cq_overrun = true,
+        _ => node.completions.push_back(wc),
+    }
+}
+
+/// Runs one READ posted on (`gid`, `qp_number`) to its completion.
+fn execute(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: ReadRequest) {
+    let status = read_status(st, gid, qp_number, &request);
+    let Some(node) = st.nodes.get_mut(&gid) else { return };
+    if status != CompletionStatus::Success {
+        if let Some(qp) = node.queue_pairs.get_mut(&qp_number) {
+            qp.errored = true;
+        }
+    }
+    if status != CompletionStatus::Success || request.signaled {
+        complete(node, WorkCompletion { wr_id: request.wr_id, status, qp_number });
+    }
+}
+
+/// Checks every rule a READ must pass, then copies the bytes.
+fn read_status(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: &ReadRequest) -> CompletionStatus {
+    let Some(node) = st.nodes.get_mut(&gid) else { return CompletionStatus::Flushed };
+    let Some(qp) = node.queue_pairs.get_mut(&qp_number) else { return CompletionStatus::Flushed };
+    if qp.errored {
+        return CompletionStatus::Flushed;
+    }
+    let Some(attrs) = qp.connected else { return CompletionStatus::Flushed };
+    if let Some((after, status)) = qp.fail_after {
+        if after == 0 {
+            qp.fail_after = None;
+            return status;
+        }
+        qp.fail_after = Some((after - 1, status));
+    }
+    if attrs.max_rd_atomic == 0 {
+        return CompletionStatus::Other(LOCAL_QP_OPERATION_ERROR);
+    }
+    let local = node.regions.get(&request.lkey).copied();
+    // The responder: must exist and be connected back to this queue pair.
+    let Some(peer) = st.nodes.get(&attrs.remote_gid) else { return CompletionStatus::RetryExceeded };
+    let Some(peer_qp) = peer.queue_pairs.get(&attrs.remote_qp_number) else {
+        return CompletionStatus::RetryExceeded;
+    };
+    let Some(peer_attrs) = peer_qp.connected else { return CompletionStatus::RetryExceeded };
+    if peer_attrs.remote_gid != gid || peer_attrs.remote_qp_number != qp_number || peer_qp.errored {
+        return CompletionStatus::RetryExceeded;
+    }
+    if peer_attrs.max_dest_rd_atomic == 0 {
+        return CompletionStatus::RemoteInvalidRequest;
+    }
+    let len = u64::from(request.len);
+    let inside = |r: &Region, addr: u64| addr >= r.addr && addr.checked_add(len).is_some_and(|e| e <= r.addr + r.len);
+    let Some(remote) = peer.regions.get(&request.rkey).copied() else { return CompletionStatus::RemoteAccessError };
+    if remote.access != MemoryAccess::RemoteRead || !inside(&remote, request.remote_addr) {
+        return CompletionStatus::RemoteAccessError;
+    }
+    let Some(local) = local else { return CompletionStatus::LocalProtectionError };
+    if local.access != MemoryAccess::LocalWrite || !inside(&local, request.local_addr) {
+        return CompletionStatus::LocalProtectionError;
+    }
+    // SAFETY: both ranges were just checked to lie inside regions whose
+    // registration promised (`Verbs::register_memory`'s contract) that they
+    // stay allocated and are accessed only through raw pointers while
+    // registered; `copy` tolerates overlap (loopback reads of one buffer).
+    unsafe {
+        std::ptr::copy(request.remote_addr as usize as *const u8, request.local_addr as usize as *mut u8, len as usize)
+    };
+    CompletionStatus::Success
+}
+
+impl Verbs for InProcessVerbs {
+    fn port(&self) -> PortAttributes {
+        let st = lock(&self.fabric.state);
+        // A node is never removed from its fabric, so it is always there.
+        st.nodes.get(&self.gid).map(|n| n.port).unwrap_or(PortAttributes {
+            gid: self.gid,
+            gid_index: 0,
+            lid: 0,
+            mtu: 4096,
+            max_read_initiator: 0,
+            max_read_responder: 0,
+        })
+    }
+
+    unsafe fn register_memory(&self, addr: *mut u8, len: usize, access: MemoryAccess) -> Result<MemoryKeys> {
+        let mut st = lock(&self.fabric.state);
+        st.next_key = st.next_key.wrapping_add(1).max(1);
+        let key = st.next_key;
+        let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_reg_mr", "node not on fabric"))?;
+        let region = Region { addr: addr as usize as u64, len: len as u64, access };
+        if region.addr.checked_add(region.len).is_none() {
+            return Err(Error::verbs("ibv_reg_mr", "range wraps the address space"));
+        }
+        node.regions.insert(key, region);
+        Ok(MemoryKeys { handle: u64::from(key), lkey: key, rkey: key })
+    }
+
+    fn deregister_memory(&self, keys: MemoryKeys) -> Result<()> {
+        let mut st = lock(&self.fabric.state);
+        let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_dereg_mr", "node not on fabric"))?;
+        node.regions.remove(&keys.lkey).map(|_| ()).ok_or_else(|| Error::verbs("ibv_dereg_mr", "unknown region"))
+    }
+
+    fn create_completion_queue(&self, entries: u32) -> Result<()> {
+        let mut st = lock(&self.fabric.state);
+        let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_create_cq", "node not on fabric"))?;
+        node.cq_entries.get_or_insert(entries as usize);
+        Ok(())
+    }
+
+    fn create_queue_pair(&self, _caps: QueuePairCaps) -> Result<QueuePairId> {
+        let mut st = lock(&self.fabric.state);
+        st.next_qp_number = (st.next_qp_number + 1) & 0xff_ffff;
+        let qp_number = st.next_qp_number.max(1);
+        let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_create_qp", "node not on fabric"))?;
+        if node.cq_entries.is_none() {
+            return Err(Error::verbs("ibv_create_qp", "no completion queue"));
+        }
+        node.queue_pairs.insert(qp_number, QueuePair::default());
+        Ok(QueuePairId { handle: u64::from(qp_number), qp_number })
+    }
+
+    fn connect_queue_pair(&self, qp: QueuePairId, attrs: &ConnectAttributes) -> Result<()> {
+        self.with_queue_pair(qp.qp_number, |q| q.connected = Some(*attrs))
+            .map_err(|e| Error::verbs("ibv_modify_qp(RTR)", e))
+    }
+
+    fn destroy_queue_pair(&self, qp: QueuePairId) -> Result<()> {
+        let mut st = lock(&self.fabric.state);
+        let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_destroy_qp", "node not on fabric"))?;
+        node.queue_pairs.remove(&qp.qp_number).map(|_| ()).ok_or_else(|| Error::verbs("ibv_destroy_qp", "unknown qp"))
+    }
+
+    fn post_reads(&self, qp: QueuePairId, chain: &[ReadRequest]) -> std::result::Result<(), PostError> {
+        let mut st = lock(&self.fabric.state);
+        let refuse = |reason: &str| PostError { posted: 0, reason: reason.to_string() };
+        let q = st
+            .nodes
+            .get_mut(&self.gid)
+            .and_then(|n| n.queue_pairs.get_mut(&qp.qp_number))
+            .ok_or_else(|| refuse("unknown queue pair"))?;
+        if q.connected.is_none() {
+            return Err(refuse("queue pair is not connected (not in ready-to-send)"));
+        }
+        let accepted = q.post_limit.take().unwrap_or(chain.len()).min(chain.len());
+        let holding = q.holding;
+        if holding {
+            q.held_requests.extend(chain[..accepted].iter().copied());
+        }
+        let gid = self.gid;
+        st.posted.push(PostedChain {
+            gid,
+            qp_number: qp.qp_number,
+            signaled: chain[..accepted].iter().map(|r| r.signaled).collect(),
+        });
+        if !holding {
+            for request in &chain[..accepted] {
+                execute(&mut st, gid, qp.qp_number, *request);
+            }
+        }
+        if accepted < chain.len() {
+            return Err(PostError { posted: accepted, reason: "send queue full (injected)".into() });
+        }
+        Ok(())
+    }
+
+    fn poll_completions(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        let mut st = lock(&self.fabric.state);
+        let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_poll_cq", "node not on fabric"))?;
+        if node.cq_overrun {
+            return Err(Error::verbs("ibv_poll_cq", "completion queue overrun"));
+        }
+        let n = max.min(node.completions.len());
+        out.extend(node.completions.drain(..n));
+        Ok(n)
+    }
+}

@@ -1,0 +1,141 @@
+//! The in-process verbs keep the RC rules the transport relies on, and the
+//! transport sets the outstanding-read limits explicitly.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{gid, pattern, TestBuffer};
+use gear_core::{MemoryRegion, ReadOp, Transport, TransportServer};
+use gear_rdma::in_process::LOCAL_QP_OPERATION_ERROR;
+use gear_rdma::verbs::{
+    CompletionStatus, ConnectAttributes, MemoryAccess, PortAttributes, QueuePairCaps, ReadRequest, Verbs,
+};
+use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaTransport};
+
+fn attrs(remote_gid: [u8; 16], remote_qp_number: u32, max_rd_atomic: u8, max_dest_rd_atomic: u8) -> ConnectAttributes {
+    ConnectAttributes {
+        remote_gid,
+        remote_lid: 0,
+        remote_qp_number,
+        remote_psn: 0,
+        local_psn: 0,
+        mtu: 1024,
+        max_rd_atomic,
+        max_dest_rd_atomic,
+        timeout: 14,
+        retry_count: 7,
+    }
+}
+
+/// Two connected nodes; returns the outcome of one 8-byte READ.
+fn one_read(initiator_rd: u8, responder_dest_rd: u8, rkey_offset: u32) -> CompletionStatus {
+    let fabric = InProcessFabric::new();
+    let a = fabric.add_node(gid(1)).unwrap();
+    let b = fabric.add_node(gid(2)).unwrap();
+    a.create_completion_queue(16).unwrap();
+    b.create_completion_queue(16).unwrap();
+    let src = TestBuffer::new(64, |i| pattern(0, i));
+    let dst = TestBuffer::new(64, |_| 0);
+    let src_ptr = src.host_ptr().unwrap().as_ptr();
+    let dst_ptr = dst.host_ptr().unwrap().as_ptr();
+    // SAFETY: both buffers outlive the fabric's use of them in this function.
+    let remote = unsafe { b.register_memory(src_ptr, 64, MemoryAccess::RemoteRead) }.unwrap();
+    // SAFETY: as above.
+    let local = unsafe { a.register_memory(dst_ptr, 64, MemoryAccess::LocalWrite) }.unwrap();
+    let qa = a.create_queue_pair(QueuePairCaps { max_send_wr: 8 }).unwrap();
+    let qb = b.create_queue_pair(QueuePairCaps { max_send_wr: 8 }).unwrap();
+    a.connect_queue_pair(qa, &attrs(gid(2), qb.qp_number, initiator_rd, 1)).unwrap();
+    b.connect_queue_pair(qb, &attrs(gid(1), qa.qp_number, 1, responder_dest_rd)).unwrap();
+    let read = ReadRequest {
+        wr_id: 9,
+        local_addr: dst_ptr as u64,
+        lkey: local.lkey,
+        remote_addr: src_ptr as u64 + 8,
+        rkey: remote.rkey + rkey_offset,
+        len: 8,
+        signaled: true,
+    };
+    a.post_reads(qa, &[read]).unwrap();
+    let mut out = Vec::new();
+    a.poll_completions(&mut out, 16).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].wr_id, 9);
+    if out[0].status == CompletionStatus::Success {
+        assert_eq!(dst.snapshot()[..8], src.snapshot()[8..16]);
+    }
+    out[0].status
+}
+
+#[test]
+fn reads_need_outstanding_read_limits_on_both_sides() {
+    assert_eq!(one_read(1, 1, 0), CompletionStatus::Success);
+    assert_eq!(one_read(0, 1, 0), CompletionStatus::Other(LOCAL_QP_OPERATION_ERROR));
+    assert_eq!(one_read(1, 0, 0), CompletionStatus::RemoteInvalidRequest);
+    assert_eq!(one_read(1, 1, 1000), CompletionStatus::RemoteAccessError);
+}
+
+#[test]
+fn an_error_flushes_the_rest_of_the_queue_pair_with_completions_even_unsignalled() {
+    let fabric = InProcessFabric::new();
+    let a = fabric.add_node(gid(1)).unwrap();
+    let b = fabric.add_node(gid(2)).unwrap();
+    a.create_completion_queue(16).unwrap();
+    b.create_completion_queue(16).unwrap();
+    let src = TestBuffer::new(64, |i| i as u8);
+    let dst = TestBuffer::new(64, |_| 0);
+    // SAFETY: both buffers outlive the fabric's use of them in this test.
+    let remote = unsafe { b.register_memory(src.host_ptr().unwrap().as_ptr(), 64, MemoryAccess::RemoteRead) }.unwrap();
+    // SAFETY: as above.
+    let local = unsafe { a.register_memory(dst.host_ptr().unwrap().as_ptr(), 64, MemoryAccess::LocalWrite) }.unwrap();
+    let qa = a.create_queue_pair(QueuePairCaps { max_send_wr: 8 }).unwrap();
+    let qb = b.create_queue_pair(QueuePairCaps { max_send_wr: 8 }).unwrap();
+    a.connect_queue_pair(qa, &attrs(gid(2), qb.qp_number, 1, 1)).unwrap();
+    b.connect_queue_pair(qb, &attrs(gid(1), qa.qp_number, 1, 1)).unwrap();
+    let base = src.host_ptr().unwrap().as_ptr() as u64;
+    let read = |wr_id, offset: u64, signaled| ReadRequest {
+        wr_id,
+        local_addr: dst.host_ptr().unwrap().as_ptr() as u64 + offset,
+        lkey: local.lkey,
+        remote_addr: base + offset,
+        rkey: remote.rkey,
+        len: 8,
+        signaled,
+    };
+    // The second request reads past the remote region.
+    let mut bad = read(2, 8, false);
+    bad.remote_addr = base + 60;
+    a.post_reads(qa, &[read(1, 0, false), bad, read(3, 16, false), read(4, 24, true)]).unwrap();
+    let mut out = Vec::new();
+    a.poll_completions(&mut out, 16).unwrap();
+    let seen: Vec<(u64, CompletionStatus)> = out.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        seen,
+        vec![(2, CompletionStatus::RemoteAccessError), (3, CompletionStatus::Flushed), (4, CompletionStatus::Flushed)],
+        "no completion for the unsignalled success; errors and flushes always"
+    );
+    assert!(a.is_errored(qa.qp_number).unwrap());
+    assert_eq!(dst.snapshot()[..8], src.snapshot()[..8], "the first request landed");
+}
+
+#[test]
+fn the_transport_sets_read_limits_even_where_the_device_reports_none() {
+    let fabric = InProcessFabric::new();
+    let zero =
+        |gid| PortAttributes { gid, gid_index: 3, lid: 0, mtu: 1024, max_read_initiator: 0, max_read_responder: 0 };
+    let server = RdmaServer::new(fabric.add_node_with(zero(gid(2))).unwrap()).unwrap();
+    let region = TestBuffer::new(4096, |i| pattern(5, i));
+    let exposed = server.expose(5, 1, region).unwrap();
+    let verbs: InProcessVerbs = fabric.add_node_with(zero(gid(1))).unwrap();
+    let transport = RdmaTransport::new(verbs, RdmaConfig::default()).unwrap();
+    let pending = transport.prepare_connection(5).unwrap();
+    let remote = server.accept(&exposed, &pending.endpoint).unwrap();
+    let handle = transport.connect(pending, &remote).unwrap();
+    let local = TestBuffer::new(128, |_| 0);
+    let buffer = transport.register_local(local.clone()).unwrap();
+    let ticket =
+        transport.post_reads(&handle, &buffer, &[ReadOp { remote_offset: 64, local_offset: 0, len: 128 }]).unwrap();
+    transport.wait(&ticket, Instant::now() + Duration::from_secs(10)).unwrap();
+    let want: Vec<u8> = (64..192).map(|i| pattern(5, i)).collect();
+    assert_eq!(local.snapshot(), want);
+}
