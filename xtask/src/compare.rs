@@ -7,8 +7,9 @@
 //! (`xtask/compare/peers.py`) `--runs` times and reports medians, with the
 //! ratio gear / peer taken within each run. A peer that cannot be installed
 //! here is reported as unavailable, with the reason, and the others still
-//! run. Writes `target/compare.md` and the chart `target/compare.svg` (copy
-//! both into docs/ to publish a run). Not part of CI: it downloads packages
+//! run. Writes `target/compare.md`, the chart `target/compare.svg` and each
+//! run's figures in `target/compare-runs.jsonl` (copy them
+//! into docs/ to publish a run). Not part of CI: it downloads packages
 //! and takes minutes.
 
 use anyhow::{bail, Context, Result};
@@ -95,6 +96,8 @@ struct Row {
     sample_ratio: f64,
     sample_ratio_range: (f64, f64),
     gear_sample_vs_memcpy: f64,
+    /// The lowest of the runs' `gear_sample_vs_memcpy`.
+    gear_sample_vs_memcpy_min: f64,
     unavailable: Option<String>,
 }
 
@@ -111,6 +114,7 @@ impl Row {
             sample_ratio: f64::NAN,
             sample_ratio_range: (f64::NAN, f64::NAN),
             gear_sample_vs_memcpy: f64::NAN,
+            gear_sample_vs_memcpy_min: f64::NAN,
             unavailable: Some(why),
         }
     }
@@ -151,6 +155,7 @@ impl Samples {
     fn row(mut self, name: &'static str, peer: String) -> Row {
         let sr = &self.sample_ratio;
         let range = (sr.iter().copied().fold(f64::INFINITY, f64::min), sr.iter().copied().fold(0.0, f64::max));
+        let memcpy_min = self.gear_vs_memcpy.iter().copied().fold(f64::INFINITY, f64::min);
         Row {
             name,
             peer,
@@ -162,6 +167,7 @@ impl Samples {
             sample_ratio: super::median(&mut self.sample_ratio),
             sample_ratio_range: range,
             gear_sample_vs_memcpy: super::median(&mut self.gear_vs_memcpy),
+            gear_sample_vs_memcpy_min: memcpy_min,
             unavailable: None,
         }
     }
@@ -187,6 +193,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let gear = root.join("target/release/gear");
     let script = root.join("xtask/compare/peers.py");
     let mut rows = Vec::new();
+    // Every run's figures, for target/compare-runs.jsonl.
+    let mut raw: Vec<serde_json::Value> = Vec::new();
     for w in workloads() {
         let strategy = if w.prioritized { "prioritized" } else { "uniform" };
         // Per peer: the figures of each run, or why the peer did not run.
@@ -194,6 +202,7 @@ pub fn run(args: &[String]) -> Result<()> {
         for run in 1..=runs {
             eprintln!("xtask compare: {} ({run}/{runs})", w.name);
             let g = json_of(Command::new(&gear).args(["bench", "--json"]).args(&w.gear_args), "gear bench")?;
+            raw.push(serde_json::json!({"workload": w.name, "run": run, "peer": "gear", "figures": g}));
             for ((peer, python), samples) in peers.iter().zip(&mut per_peer) {
                 let Ok(python) = python else { continue };
                 let name = format!("{}-{strategy}", peer.family);
@@ -201,6 +210,9 @@ pub fn run(args: &[String]) -> Result<()> {
                     Command::new(python).arg(&script).args([name.as_str(), w.peer_workload]).current_dir(&root),
                     "peers.py",
                 );
+                if let Ok(p) = &p {
+                    raw.push(serde_json::json!({"workload": w.name, "run": run, "peer": name, "figures": p}));
+                }
                 match p.and_then(|p| samples.push(&g, &p)) {
                     Ok(()) => {}
                     Err(e) => samples.error = Some(format!("{e:#}")),
@@ -219,6 +231,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let md = table(&rows, runs);
     println!("{md}");
     std::fs::write(root.join("target/compare.md"), &md).context("writing target/compare.md")?;
+    let lines: String = raw.iter().map(|v| format!("{v}\n")).collect();
+    std::fs::write(root.join("target/compare-runs.jsonl"), lines).context("writing target/compare-runs.jsonl")?;
     std::fs::write(root.join("target/compare.svg"), chart(&rows)).context("writing target/compare.svg")?;
     eprintln!("xtask compare: wrote target/compare.md and target/compare.svg");
     Ok(())
@@ -246,7 +260,7 @@ fn table(rows: &[Row], runs: usize) -> String {
     let mut md = format!(
         "Medians of {runs} alternating runs; ratios gear / peer taken within each run (sample ratio range in \
          parentheses). Items are trajectories or transitions per second.\n\n\
-         | workload | peer | gear insert/s | peer insert/s | insert ratio | gear sample/s | peer sample/s | sample ratio | gear sample / memcpy |\n\
+         | workload | peer | gear insert/s | peer insert/s | insert ratio | gear sample/s | peer sample/s | sample ratio | gear sample / memcpy (lowest run) |\n\
          | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     );
     for r in rows {
@@ -255,7 +269,7 @@ fn table(rows: &[Row], runs: usize) -> String {
             continue;
         }
         md += &format!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} ({:.2}-{:.2}) | {:.2} |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} ({:.2}-{:.2}) | {:.2} (min {:.2}) |\n",
             r.name,
             r.peer,
             r.gear_insert,
@@ -266,7 +280,8 @@ fn table(rows: &[Row], runs: usize) -> String {
             r.sample_ratio,
             r.sample_ratio_range.0,
             r.sample_ratio_range.1,
-            r.gear_sample_vs_memcpy
+            r.gear_sample_vs_memcpy,
+            r.gear_sample_vs_memcpy_min
         );
     }
     md
@@ -331,6 +346,7 @@ mod tests {
             sample_ratio: smp,
             sample_ratio_range: (smp, smp),
             gear_sample_vs_memcpy: 1.0,
+            gear_sample_vs_memcpy_min: 1.0,
             unavailable: None,
         };
         let rows = [
