@@ -398,7 +398,7 @@ impl Selector for Prioritized {
 
     /// Records each key as [`Selector::insert`] does, writing the leaves
     /// first and then refreshing every sum-tree node above them once
-    /// ([`SumTree::refresh`]), also when a key is refused part way: the
+    /// (`SumTree::refresh`), also when a key is refused part way: the
     /// tree equals, bit for bit, the one inserting each key would leave.
     fn insert_batch(&mut self, keys: &[SlotKey], priorities: Option<&[f64]>, recorded: &mut Vec<f64>) -> Result<()> {
         check_batch_priorities(keys, priorities)?;
