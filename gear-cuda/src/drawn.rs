@@ -457,33 +457,15 @@ impl CudaCollector {
         let cols = &plan.words[plan.cols_at()..];
         let bytes: Vec<u8> = cols.iter().flat_map(|w| w.to_le_bytes()).collect();
         out.args.write_async(8 * plan.cols_at() as u64, &bytes, &stream)?;
-        let func = self.device.function(KernelFn::Gather)?;
-        let row_len = table + 8 * plan.row_len_at() as u64;
-        let col_tab = table + 8 * plan.cols_at() as u64;
         let lengths = out.lengths_dev.device_addr();
-        let cfg = LaunchConfig {
-            grid_dim: (plan.grid.0, plan.grid.1, 1),
-            block_dim: (plan::BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(&func);
-        b.arg(&table)
-            .arg(&row_len)
-            .arg(&col_tab)
-            .arg(&plan.rows)
-            .arg(&plan.ncols)
-            .arg(&plan.w_offset)
-            .arg(&plan.w_len)
-            .arg(&plan.pad_head)
-            .arg(&lengths);
-        // SAFETY: gear_gather's signature as in CudaCollector::launch. The
-        // row tables were written by gear_drawn_rows just before on this
-        // stream (bases of slots < capacity, or the data area's start with
-        // length 0, and lengths <= T), the column table was uploaded after
-        // it and checked by plan_gather against the layouts, so every source
-        // range lies in the mapped data area and every destination in this
-        // batch's buffers, which are reused only after its event.
-        unsafe { b.launch(cfg) }?;
+        // SAFETY: the row tables were written by gear_drawn_rows just
+        // before on this stream (bases of slots < capacity, or the data
+        // area's start with length 0, and lengths <= T), the column table
+        // was uploaded after it and checked by plan_gather against the
+        // layouts, so every source range lies in the mapped data area and
+        // every destination in this batch's buffers, which are reused only
+        // after its event.
+        unsafe { self.launch_gather_kernel(&stream, &plan, table, lengths) }?;
         out.event.record(&stream)?;
         out.last_stream = Some(stream);
         out.cached_rows = 0;

@@ -270,6 +270,50 @@ impl CudaCollector {
         Ok(())
     }
 
+    /// Launches `gear_gather` for `plan` on `stream`, its row and column
+    /// tables laid out from device address `tables` as
+    /// [`GatherPlan::words`] orders them, writing row lengths from
+    /// `lengths` on.
+    ///
+    /// # Safety
+    /// The tables at `tables` must hold the plan's words (or rows the
+    /// device wrote in their place, under the same bounds) by the time the
+    /// kernel runs on `stream`: every source range inside memory the device
+    /// may read, every destination inside buffers that outlive the work,
+    /// and `lengths` valid for the plan's rows.
+    pub(crate) unsafe fn launch_gather_kernel(
+        &self,
+        stream: &CudaStream,
+        plan: &GatherPlan,
+        tables: u64,
+        lengths: u64,
+    ) -> Result<()> {
+        let func = self.device.function(KernelFn::Gather)?;
+        let row_len = tables + 8 * plan.row_len_at() as u64;
+        let cols = tables + 8 * plan.cols_at() as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (plan.grid.0, plan.grid.1, 1),
+            block_dim: (plan::BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&func);
+        b.arg(&tables)
+            .arg(&row_len)
+            .arg(&cols)
+            .arg(&plan.rows)
+            .arg(&plan.ncols)
+            .arg(&plan.w_offset)
+            .arg(&plan.w_len)
+            .arg(&plan.pad_head)
+            .arg(&lengths);
+        // SAFETY: the argument list matches gear_gather's signature (three
+        // u64 table addresses, u64 rows, u64 ncols, i64 offset, u64 len, u32
+        // pad, u64 lengths address); what the addresses point at is the
+        // caller's contract.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// Queues `plan`: a whole batch (`row: None`), or one row of it whose
     /// plan addresses row `row`'s slices and length.
     fn launch(&self, plan: &GatherPlan, out: &mut CudaBatch, row: Option<usize>) -> Result<()> {
@@ -284,36 +328,15 @@ impl CudaCollector {
         if !plan.is_empty() {
             let bytes: Vec<u8> = plan.words.iter().flat_map(|w| w.to_le_bytes()).collect();
             out.args.write_async(0, &bytes, stream)?;
-            let func = self.device.function(KernelFn::Gather)?;
-            let base = out.args.device_addr();
-            let row_src = base;
-            let row_len = base + 8 * plan.row_len_at() as u64;
-            let cols = base + 8 * plan.cols_at() as u64;
             let lengths = out.lengths_dev.device_addr() + 8 * row.unwrap_or(0) as u64;
-            let cfg = LaunchConfig {
-                grid_dim: (plan.grid.0, plan.grid.1, 1),
-                block_dim: (plan::BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = stream.launch_builder(&func);
-            b.arg(&row_src)
-                .arg(&row_len)
-                .arg(&cols)
-                .arg(&plan.rows)
-                .arg(&plan.ncols)
-                .arg(&plan.w_offset)
-                .arg(&plan.w_len)
-                .arg(&plan.pad_head)
-                .arg(&lengths);
-            // SAFETY: the argument list matches gear_gather's signature
-            // (three u64 table addresses, u64 rows, u64 ncols, i64 offset,
-            // u64 len, u32 pad, u64 lengths address). The tables were
-            // uploaded on this stream just before; plan_gather checked every
-            // slot, length and column against the layout, so each source
-            // range lies in the mapped data area (or a cache slot) and each
-            // destination in this batch's buffers, which outlive the work
-            // because the batch is only reused after its event (above).
-            unsafe { b.launch(cfg) }?;
+            // SAFETY: the tables were uploaded to `out.args` on this stream
+            // just before; plan_gather checked every slot, length and column
+            // against the layout, so each source range lies in the mapped
+            // data area (or a cache slot) and each destination in this
+            // batch's buffers, which outlive the work because the batch is
+            // only reused after its event (above); `lengths` addresses row
+            // `row`'s length (or all rows') in `out.lengths_dev`.
+            unsafe { self.launch_gather_kernel(stream, plan, out.args.device_addr(), lengths) }?;
         }
         out.event.record(stream)?;
         out.last_stream = Some(stream.clone());
