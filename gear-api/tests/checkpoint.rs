@@ -25,19 +25,7 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 /// One column of every dtype, with shapes of zero, one and two dimensions.
 fn every_dtype_spec(capacity: u64) -> TableSpec {
-    let dtypes = [
-        DType::Bool,
-        DType::U8,
-        DType::I8,
-        DType::I16,
-        DType::I32,
-        DType::I64,
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-    ];
-    let columns = dtypes
+    let columns = DType::ALL
         .iter()
         .enumerate()
         .map(|(i, &d)| {
