@@ -51,6 +51,16 @@ impl Drop for Servers {
     }
 }
 
+/// The bench's directory (shard configs and table files), removed when
+/// dropped: on success and on every error, after the servers are gone.
+struct BenchDir(std::path::PathBuf);
+
+impl Drop for BenchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// GB/s of a plain TCP stream of `total` bytes in writes of `chunk` bytes.
 fn tcp_stream_gb_per_s(total: u64, chunk: usize) -> Result<f64> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
@@ -86,9 +96,19 @@ fn tcp_stream_gb_per_s(total: u64, chunk: usize) -> Result<f64> {
     Ok(total as f64 / secs / 1e9)
 }
 
+/// Most shard servers one bench starts on this machine: each is a process
+/// with its own table, so more only measures the machine running out.
+pub const MAX_BENCH_SHARDS: usize = 64;
+
 /// Runs the cluster bench.
 pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchReport> {
-    let dir = std::env::temp_dir().join(format!("gear-cluster-bench-{}", std::process::id()));
+    if shards > MAX_BENCH_SHARDS {
+        return Err(Error::Config(format!(
+            "--shards {shards} is above the {MAX_BENCH_SHARDS} shard servers one bench starts on one machine"
+        )));
+    }
+    let bench_dir = BenchDir(std::env::temp_dir().join(format!("gear-cluster-bench-{}", std::process::id())));
+    let dir = bench_dir.0.clone();
     std::fs::create_dir_all(&dir).map_err(io)?;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let token = format!("bench-{:032x}", nanos ^ u128::from(std::process::id()));
@@ -178,7 +198,7 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchR
     let sample_secs = start.elapsed().as_secs_f64();
     let tcp_sample = tcp_stream_gb_per_s(sample_bytes, (sample_bytes / c.batches.max(1)) as usize)?;
     drop(servers);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(bench_dir);
     Ok(ClusterBenchReport {
         shards,
         trajectory_bytes,

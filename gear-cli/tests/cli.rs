@@ -155,6 +155,8 @@ fn absurd_durations_are_refused_not_panicked_on() {
             assert!(err.contains("seconds") && !err.contains("panicked"), "{cmd} {flag}: {err}");
         }
     }
+    let (ok, _, err) = gear(&["bench", "--shards", "100000", "--inserts", "4"]);
+    assert!(!ok && err.contains("--shards 100000 is above") && !err.contains("panicked"), "{err}");
     let (ok, _, err) =
         gear(&["bench", "--batch", "1099511627776", "--inserts", "4", "--capacity", "4", "--steps", "2"]);
     assert!(!ok && err.contains("batch size 1099511627776 is above the limit") && !err.contains("panicked"), "{err}");
