@@ -5,6 +5,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto/gear.proto");
-    tonic_build::configure().compile_protos(&["proto/gear.proto"], &["proto"])?;
+    // Trajectory and window bytes decode as `Bytes` slices of the received
+    // buffer instead of being copied into fresh vectors.
+    tonic_build::configure()
+        .bytes([".gear.v1.InsertChunk.columns", ".gear.v1.SampleReply.columns"])
+        .compile_protos(&["proto/gear.proto"], &["proto"])?;
     Ok(())
 }

@@ -129,7 +129,7 @@ fn trajectory(id: u64, steps: u64) -> RemoteTrajectory {
         cols[1].extend_from_slice(&(t as u32).to_le_bytes());
         cols[2].extend((0..OBS as u64).map(|j| ((id * 31 + t * 7 + j) % 251) as u8));
     }
-    RemoteTrajectory { steps, columns: cols, priority: None }
+    RemoteTrajectory { steps, columns: cols.into_iter().map(Into::into).collect(), priority: None }
 }
 
 /// Checks every valid step of every row against what was written.
@@ -305,7 +305,8 @@ fn wrong_or_missing_tokens_and_out_of_range_requests_are_refused() {
         // A trajectory longer than the table's T, and a short buffer.
         assert!(good.insert(WriteTarget::Shard(0), vec![trajectory(2, MAX_LEN + 1)], 0).is_err());
         let mut bad = trajectory(3, 2);
-        bad.columns[2].pop();
+        let short = bad.columns[2].len() - 1;
+        bad.columns[2].truncate(short);
         assert!(good.insert(WriteTarget::Shard(0), vec![bad], 0).is_err());
         // The server is still fine.
         let b = good.sample(&ClusterSample { rows: 2, window: WindowSpec::last(4), columns: vec![] }).unwrap();

@@ -28,6 +28,7 @@ use crate::convert::spec_from_proto;
 use crate::error::{Error, Result};
 use crate::proto::shard_client::ShardClient as GrpcShardClient;
 use crate::proto::{self, InfoRequest, InsertChunk, SampleRequest, SpecRequest, UpdateRequest};
+use bytes::Bytes;
 use gear_core::{Pad, RandomSource, TableSpec, WindowSpec, Xoshiro256};
 use parking_lot::Mutex;
 use std::time::Duration;
@@ -138,8 +139,10 @@ pub struct ClusterSample {
 pub struct RemoteTrajectory {
     /// Steps.
     pub steps: u64,
-    /// One buffer per column: `steps x step bytes`.
-    pub columns: Vec<Vec<u8>>,
+    /// One buffer per column: `steps x step bytes`. [`Bytes`] so that
+    /// sending (and resending the same data) never copies it; a `Vec<u8>`
+    /// converts with `.into()` without a copy.
+    pub columns: Vec<Bytes>,
     /// Priority (`None`: the strategy's default).
     pub priority: Option<f64>,
 }
@@ -200,6 +203,7 @@ impl ClusterClient {
             return Err(Error::Config("a cluster needs at least one shard".into()));
         }
         crate::auth::check_token(&config.token)?;
+        crate::alloc::keep_message_buffers();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let attach = TokenAttach::new(&config.token)?;
         let _guard = runtime.enter();
@@ -404,7 +408,10 @@ impl ClusterClient {
             return Err(Error::NoShard(format!("{remaining} rows could not be drawn; lost: {:?}", batch.lost)));
         }
         let columns = results.first().map_or(0, |r| r.3.columns.len());
-        batch.columns = vec![Vec::new(); columns];
+        // Sized once: growing by doubling would copy the bytes again.
+        batch.columns = (0..columns)
+            .map(|c| Vec::with_capacity(results.iter().map(|r| r.3.columns.get(c).map_or(0, Bytes::len)).sum()))
+            .collect();
         for (_, shard_mass, total, reply) in results {
             for (c, bytes) in reply.columns.into_iter().enumerate() {
                 batch.columns[c].extend_from_slice(&bytes);
@@ -485,7 +492,7 @@ impl ClusterClient {
         let rejoined = self.mark_alive(shard, reply.incarnation);
         Ok(ClusterBatch {
             keys: reply.keys.iter().map(RemoteKey::from).collect(),
-            columns: reply.columns,
+            columns: reply.columns.into_iter().map(Vec::from).collect(),
             lengths: reply.lengths,
             starts: reply.starts,
             probabilities: reply.probabilities,
@@ -641,7 +648,14 @@ fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: 
                 .columns
                 .iter()
                 .zip(&step_bytes)
-                .map(|(c, &b)| c.get(done as usize * b..(done + steps) as usize * b).unwrap_or_default().to_vec())
+                .map(|(c, &b)| {
+                    let range = done as usize * b..(done + steps) as usize * b;
+                    if range.end <= c.len() {
+                        c.slice(range)
+                    } else {
+                        Bytes::new()
+                    }
+                })
                 .collect();
             let priority = if done == 0 { t.priority } else { None };
             done += steps;

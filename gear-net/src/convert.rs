@@ -198,12 +198,13 @@ mod tests {
     #[test]
     fn chunks_must_match_the_spec() {
         let limits = Limits::new(1 << 20);
-        let ok = InsertChunk { steps: 2, columns: vec![vec![0; 24], vec![0; 2]], priority: None, end: true };
+        let ok =
+            InsertChunk { steps: 2, columns: vec![vec![0; 24].into(), vec![0; 2].into()], priority: None, end: true };
         limits.check_chunk(&spec(), &ok, 0).unwrap();
         assert!(limits.check_chunk(&spec(), &ok, 7).unwrap_err().message().contains("overflows"));
-        let short = InsertChunk { columns: vec![vec![0; 23], vec![0; 2]], ..ok.clone() };
+        let short = InsertChunk { columns: vec![vec![0; 23].into(), vec![0; 2].into()], ..ok.clone() };
         assert!(limits.check_chunk(&spec(), &short, 0).unwrap_err().message().contains("23 bytes"));
-        let missing = InsertChunk { columns: vec![vec![0; 24]], ..ok };
+        let missing = InsertChunk { columns: vec![vec![0; 24].into()], ..ok };
         assert!(limits.check_chunk(&spec(), &missing, 0).is_err());
     }
 

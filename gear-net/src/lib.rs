@@ -21,10 +21,12 @@
 // checks that feed handlers return it too rather than box and unbox it.
 #![allow(clippy::result_large_err)]
 
+pub mod alloc;
 pub mod auth;
 pub mod client;
 pub mod convert;
 pub mod error;
+mod pool;
 pub mod server;
 
 /// The generated gRPC messages and services (`gear.v1`).

@@ -7,6 +7,7 @@
 use crate::auth::{resolve_token, TokenCheck};
 use crate::convert::{key_to_proto, table_status, Limits};
 use crate::error::{Error, Result};
+use crate::pool::BufferPool;
 use crate::proto::shard_server::{Shard, ShardServer};
 use crate::proto::{
     HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply, SampleReply, SampleRequest,
@@ -66,6 +67,8 @@ pub struct ShardService {
     limits: Limits,
     /// Samplers kept between calls (their buffers are large), by config.
     samplers: Arc<Mutex<Vec<(SampleConfig, Sampler)>>>,
+    /// Reply buffers reused between `Sample` calls.
+    replies: Arc<BufferPool>,
 }
 
 /// Samplers cached at most (one per distinct request shape).
@@ -90,6 +93,7 @@ impl ShardService {
             strategy,
             limits: Limits::new(max_message_bytes),
             samplers: Arc::new(Mutex::new(Vec::new())),
+            replies: Arc::new(BufferPool::default()),
         }
     }
 
@@ -165,6 +169,7 @@ impl Shard for ShardService {
         let (size, total_mass, min_mass) = self.masses()?;
         let table = self.table.clone();
         let samplers = self.samplers.clone();
+        let replies = self.replies.clone();
         let (shard, incarnation) = (self.shard, self.incarnation);
         blocking(move || {
             let cached = {
@@ -176,9 +181,11 @@ impl Shard for ShardService {
                 None => table.sampler(config.clone()).map_err(table_status)?,
             };
             let rows = config.batch_size;
-            let mut columns: Vec<Vec<u8>> = row_bytes.iter().map(|&b| vec![0u8; b as usize * rows]).collect();
-            let mut views: Vec<&mut [u8]> = columns.iter_mut().map(|c| c.as_mut_slice()).collect();
+            // `sample_into` writes every byte, padding included.
+            let mut buffers: Vec<Vec<u8>> = row_bytes.iter().map(|&b| replies.take(b as usize * rows)).collect();
+            let mut views: Vec<&mut [u8]> = buffers.iter_mut().map(|c| c.as_mut_slice()).collect();
             let drawn = sampler.sample_into(&mut views).map_err(table_status)?;
+            let columns = buffers.into_iter().map(|b| replies.lend(b)).collect();
             let reply = SampleReply {
                 shard,
                 incarnation,
@@ -292,6 +299,7 @@ impl ServerHandle {
     /// Binds `config.listen` (port 0 picks a free port) and serves `table`
     /// on a background runtime.
     pub fn start(table: ReplayTable, config: &ServerConfig, strategy: StrategyInfo) -> Result<Self> {
+        crate::alloc::keep_message_buffers();
         let token = resolve_token(config.token.as_deref())?;
         let max = config.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES);
         if !(4096..=u64::from(u32::MAX)).contains(&max) {
