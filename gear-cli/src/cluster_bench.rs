@@ -10,6 +10,8 @@ use gear_net::{ClusterClient, ClusterConfig, ClusterSample, RemoteTrajectory, Wr
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What `gear bench --shards N` reports.
@@ -29,6 +31,45 @@ pub struct ClusterBenchReport {
     pub sample_gb_per_s: f64,
     /// A plain TCP loopback stream of the sampled bytes.
     pub tcp_sample_gb_per_s: f64,
+    /// CPU seconds per GB inserted, every process counted (the client's
+    /// threads and every shard server); a shared machine's load changes
+    /// throughput far more than it changes this.
+    pub insert_cpu_s_per_gb: f64,
+    /// CPU seconds per GB of the plain stream beside the inserts (sender
+    /// and receiver).
+    pub tcp_insert_cpu_s_per_gb: f64,
+    /// CPU seconds per GB sampled, every process counted.
+    pub sample_cpu_s_per_gb: f64,
+    /// CPU seconds per GB of the plain stream beside the samples.
+    pub tcp_sample_cpu_s_per_gb: f64,
+}
+
+/// CPU seconds of a clock (`CLOCK_THREAD_CPUTIME_ID`, `CLOCK_PROCESS_CPUTIME_ID`).
+fn cpu_seconds(clock: libc::clockid_t) -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid, writable timespec; the clock ids are constants.
+    if unsafe { libc::clock_gettime(clock, &mut t) } != 0 {
+        return 0.0;
+    }
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// CPU seconds (user and system) process `pid` has used, from
+/// `/proc/<pid>/stat`; 0 where that cannot be read.
+fn process_cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // The command name (field 2) may hold spaces: count from its `)`.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf with a valid name has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    // utime and stime are fields 14 and 15, that is 11 and 12 after `)`.
+    (ticks(11) + ticks(12)) as f64 / hz
+}
+
+/// CPU seconds used so far by this process and the shard servers.
+fn cluster_cpu_seconds(servers: &Servers) -> f64 {
+    cpu_seconds(libc::CLOCK_PROCESS_CPUTIME_ID) + servers.0.iter().map(|c| process_cpu_seconds(c.id())).sum::<f64>()
 }
 
 fn net(e: gear_net::Error) -> Error {
@@ -61,39 +102,85 @@ impl Drop for BenchDir {
     }
 }
 
-/// GB/s of a plain TCP stream of `total` bytes in writes of `chunk` bytes.
-fn tcp_stream_gb_per_s(total: u64, chunk: usize) -> Result<f64> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
-    let addr = listener.local_addr().map_err(io)?;
-    let reader = std::thread::spawn(move || -> std::io::Result<u64> {
-        let (mut s, _) = listener.accept()?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0u64;
-        loop {
-            let n = s.read(&mut buf)?;
-            if n == 0 {
-                return Ok(got);
+/// A plain TCP loopback connection the bench times beside every gRPC
+/// round: [`PlainStream::transfer`] sends `n` bytes in writes of at most
+/// `chunk`, and the receiver answers one byte once it has read them all, so
+/// a transfer is timed end to end like a gRPC call.
+struct PlainStream {
+    stream: std::net::TcpStream,
+    data: Vec<u8>,
+    reader: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// CPU nanoseconds the receiving thread spent on transfers.
+    reader_cpu_ns: Arc<AtomicU64>,
+    /// CPU seconds the sending side spent on transfers.
+    sender_cpu: f64,
+}
+
+impl PlainStream {
+    fn open(chunk: usize) -> Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
+        let addr = listener.local_addr().map_err(io)?;
+        let reader_cpu_ns = Arc::new(AtomicU64::new(0));
+        let cpu_ns = reader_cpu_ns.clone();
+        let reader = std::thread::spawn(move || -> std::io::Result<()> {
+            let (mut s, _) = listener.accept()?;
+            s.set_nodelay(true)?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut want = [0u8; 8];
+            // Each transfer: its length, then its bytes, then one byte back.
+            while s.read_exact(&mut want).is_ok() {
+                let started = cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID);
+                let mut left = u64::from_le_bytes(want);
+                while left > 0 {
+                    let take = left.min(buf.len() as u64) as usize;
+                    let n = s.read(&mut buf[..take])?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    left -= n as u64;
+                }
+                s.write_all(&[1])?;
+                let spent = cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID) - started;
+                cpu_ns.fetch_add((spent * 1e9) as u64, Ordering::Relaxed);
             }
-            got += n as u64;
+            Ok(())
+        });
+        let stream = std::net::TcpStream::connect(addr).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        Ok(PlainStream { stream, data: vec![7u8; chunk.max(1)], reader: Some(reader), reader_cpu_ns, sender_cpu: 0.0 })
+    }
+
+    /// Sends `n` bytes and waits for the receiver's answer; returns seconds.
+    fn transfer(&mut self, n: u64) -> Result<f64> {
+        let cpu = cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID);
+        let start = Instant::now();
+        self.stream.write_all(&n.to_le_bytes()).map_err(io)?;
+        let mut sent = 0u64;
+        while sent < n {
+            let k = (n - sent).min(self.data.len() as u64) as usize;
+            self.stream.write_all(&self.data[..k]).map_err(io)?;
+            sent += k as u64;
         }
-    });
-    let mut s = std::net::TcpStream::connect(addr).map_err(io)?;
-    s.set_nodelay(true).map_err(io)?;
-    let data = vec![7u8; chunk.max(1)];
-    let start = Instant::now();
-    let mut sent = 0u64;
-    while sent < total {
-        let n = (total - sent).min(data.len() as u64) as usize;
-        s.write_all(&data[..n]).map_err(io)?;
-        sent += n as u64;
+        let mut ack = [0u8; 1];
+        self.stream.read_exact(&mut ack).map_err(io)?;
+        let secs = start.elapsed().as_secs_f64();
+        self.sender_cpu += cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID) - cpu;
+        Ok(secs)
     }
-    drop(s);
-    let got = reader.join().map_err(|_| Error::Config("tcp reader panicked".into()))?.map_err(io)?;
-    let secs = start.elapsed().as_secs_f64();
-    if got != total {
-        return Err(Error::Config(format!("tcp stream moved {got} of {total} bytes")));
+
+    /// CPU seconds both ends have spent on transfers so far.
+    fn cpu(&self) -> f64 {
+        self.sender_cpu + self.reader_cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
-    Ok(total as f64 / secs / 1e9)
+}
+
+impl Drop for PlainStream {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
 }
 
 /// Most shard servers one bench starts on this machine: each is a process
@@ -101,13 +188,18 @@ fn tcp_stream_gb_per_s(total: u64, chunk: usize) -> Result<f64> {
 pub const MAX_BENCH_SHARDS: usize = 64;
 
 /// Runs the cluster bench.
-pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchReport> {
+/// Progress lines go to stderr when `show_progress`.
+pub fn run_cluster_bench(c: &BenchConfig, shards: usize, show_progress: bool) -> Result<ClusterBenchReport> {
     if shards > MAX_BENCH_SHARDS {
         return Err(Error::Config(format!(
             "--shards {shards} is above the {MAX_BENCH_SHARDS} shard servers one bench starts on one machine"
         )));
     }
-    let bench_dir = BenchDir(std::env::temp_dir().join(format!("gear-cluster-bench-{}", std::process::id())));
+    // The shard tables live where `gear serve` puts them by default, in
+    // shared memory: a table on a disk file would measure page writeback.
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+    let bench_dir = BenchDir(base.join(format!("gear-cluster-bench-{}", std::process::id())));
     let dir = bench_dir.0.clone();
     std::fs::create_dir_all(&dir).map_err(io)?;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -153,50 +245,57 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchR
     let trajectory_bytes = c.steps * c.step_bytes;
     let one = RemoteTrajectory {
         steps: c.steps,
-        columns: vec![(0..trajectory_bytes).map(|i| (i % 251) as u8).collect()],
+        columns: vec![(0..trajectory_bytes).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into()],
         priority: None,
     };
-    // Remote inserts: one writer thread per shard, batches of 16.
-    let per_writer = c.inserts.div_ceil(shards as u64);
-    let start = Instant::now();
-    let writers: Vec<_> = (0..shards)
-        .map(|s| {
-            let (addrs, token, one) = (addrs.clone(), token.clone(), one.clone());
-            std::thread::spawn(move || -> gear_net::Result<u64> {
-                let client = ClusterClient::new(ClusterConfig::new(addrs, token))?;
-                let mut done = 0;
-                while done < per_writer {
-                    let n = (per_writer - done).min(16);
-                    client.insert(WriteTarget::Shard(s), vec![one.clone(); n as usize], 0)?;
-                    done += n;
-                }
-                Ok(done)
-            })
-        })
-        .collect();
-    let mut inserted = 0;
-    for w in writers {
-        inserted += w.join().map_err(|_| Error::Config("writer panicked".into()))?.map_err(net)?;
-    }
-    let insert_secs = start.elapsed().as_secs_f64();
-    let insert_bytes = inserted * trajectory_bytes;
-    let tcp_insert = tcp_stream_gb_per_s(insert_bytes, (16 * trajectory_bytes) as usize)?;
-
+    // Remote inserts in rounds: every shard gets 16 trajectories at once
+    // (one insert stream per shard, all in flight together), then the
+    // plain stream moves the same bytes. Interleaving the two keeps a
+    // shared machine's changing load out of the ratio.
     let client = ClusterClient::new(ClusterConfig::new(addrs, token)).map_err(net)?;
+    let per_round = 16 * shards as u64;
+    let mut plain = PlainStream::open((16 * trajectory_bytes) as usize)?;
+    let (mut inserted, mut insert_secs, mut tcp_insert_secs) = (0u64, 0.0, 0.0);
+    let cpu_before = (cluster_cpu_seconds(&servers), plain.cpu());
+    let mut progress = crate::progress::Progress::new(show_progress);
+    progress.phase("remote insert (trajectories)", c.inserts);
+    while inserted < c.inserts {
+        let n = (c.inserts - inserted).min(per_round);
+        let batch = vec![one.clone(); n as usize];
+        let start = Instant::now();
+        client.insert(WriteTarget::RoundRobin, batch, 0).map_err(net)?;
+        insert_secs += start.elapsed().as_secs_f64();
+        tcp_insert_secs += plain.transfer(n * trajectory_bytes)?;
+        inserted += n;
+        progress.tick(inserted);
+    }
+    progress.done();
+    let insert_bytes = inserted * trajectory_bytes;
+    let tcp_insert_cpu = plain.cpu() - cpu_before.1;
+    let insert_cpu = cluster_cpu_seconds(&servers) - cpu_before.0 - tcp_insert_cpu;
+
     let window = if c.window_len == 0 { c.steps } else { c.window_len };
     let request = ClusterSample { rows: c.batch as u64, window: WindowSpec::last(window), columns: vec![] };
     client.sample(&request).map_err(net)?;
-    let start = Instant::now();
-    let mut sample_bytes = 0u64;
-    for _ in 0..c.batches {
+    let (mut sample_bytes, mut sample_secs, mut tcp_sample_secs) = (0u64, 0.0, 0.0);
+    let cpu_before = (cluster_cpu_seconds(&servers), plain.cpu());
+    progress.phase("remote sample (batches)", c.batches);
+    for i in 0..c.batches {
+        let start = Instant::now();
         let b = client.sample(&request).map_err(net)?;
+        sample_secs += start.elapsed().as_secs_f64();
         if !b.lost.is_empty() {
             return Err(Error::Config(format!("shards lost during the bench: {:?}", b.lost)));
         }
-        sample_bytes += b.columns.iter().map(|c| c.len() as u64).sum::<u64>();
+        let bytes = b.columns.iter().map(|c| c.len() as u64).sum::<u64>();
+        drop(b);
+        tcp_sample_secs += plain.transfer(bytes)?;
+        sample_bytes += bytes;
+        progress.tick(i + 1);
     }
-    let sample_secs = start.elapsed().as_secs_f64();
-    let tcp_sample = tcp_stream_gb_per_s(sample_bytes, (sample_bytes / c.batches.max(1)) as usize)?;
+    progress.done();
+    let tcp_sample_cpu = plain.cpu() - cpu_before.1;
+    let sample_cpu = cluster_cpu_seconds(&servers) - cpu_before.0 - tcp_sample_cpu;
     drop(servers);
     drop(bench_dir);
     Ok(ClusterBenchReport {
@@ -204,8 +303,12 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchR
         trajectory_bytes,
         insert_traj_per_s: inserted as f64 / insert_secs,
         insert_gb_per_s: insert_bytes as f64 / insert_secs / 1e9,
-        tcp_insert_gb_per_s: tcp_insert,
+        tcp_insert_gb_per_s: insert_bytes as f64 / tcp_insert_secs / 1e9,
         sample_gb_per_s: sample_bytes as f64 / sample_secs / 1e9,
-        tcp_sample_gb_per_s: tcp_sample,
+        tcp_sample_gb_per_s: sample_bytes as f64 / tcp_sample_secs / 1e9,
+        insert_cpu_s_per_gb: insert_cpu / (insert_bytes as f64 / 1e9),
+        tcp_insert_cpu_s_per_gb: tcp_insert_cpu / (insert_bytes as f64 / 1e9),
+        sample_cpu_s_per_gb: sample_cpu / (sample_bytes as f64 / 1e9),
+        tcp_sample_cpu_s_per_gb: tcp_sample_cpu / (sample_bytes as f64 / 1e9),
     })
 }

@@ -218,7 +218,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Bench { config, shards, json, .. } if shards > 0 => {
-            crate::cluster_bench::run_cluster_bench(&config, shards).map(|r| {
+            crate::cluster_bench::run_cluster_bench(&config, shards, !json).map(|r| {
                 if json {
                     println!("{}", serde_json::to_string(&r).expect("report serialises"));
                     return;
@@ -236,6 +236,15 @@ fn main() -> ExitCode {
                     r.sample_gb_per_s,
                     r.tcp_sample_gb_per_s,
                     r.sample_gb_per_s / r.tcp_sample_gb_per_s
+                );
+                println!(
+                    "CPU s per GB   insert {:.2} (plain {:.2}, ratio {:.2})   sample {:.2} (plain {:.2}, ratio {:.2})",
+                    r.insert_cpu_s_per_gb,
+                    r.tcp_insert_cpu_s_per_gb,
+                    r.tcp_insert_cpu_s_per_gb / r.insert_cpu_s_per_gb,
+                    r.sample_cpu_s_per_gb,
+                    r.tcp_sample_cpu_s_per_gb,
+                    r.tcp_sample_cpu_s_per_gb / r.sample_cpu_s_per_gb
                 );
             })
         }
