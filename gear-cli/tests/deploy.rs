@@ -61,3 +61,52 @@ fn cluster_files_with_tls_read_the_ca() {
     assert!(e.contains("/nonexistent/ca.pem"), "{e}");
     assert!(ClusterFile::parse("shards = []\ncolour = 1").unwrap_err().to_string().contains("colour"));
 }
+
+#[test]
+fn cluster_info_names_shards_that_do_not_answer() {
+    let dir = std::env::temp_dir().join(format!("gear-cluster-info-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.toml");
+    // Port 1 on loopback: nothing listens, the connection is refused.
+    std::fs::write(&file, "shards = [\"127.0.0.1:1\"]\ntoken = \"0123456789abcdef0\"\nconnect_timeout_ms = 500\n")
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gear"))
+        .args(["cluster-info", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("shard 0: "), "{stdout}");
+    assert!(stderr.contains("1 of 1 shards did not answer"), "{stderr}");
+}
+
+#[test]
+fn serve_names_a_bad_tls_file_at_start() {
+    let dir = std::env::temp_dir().join(format!("gear-serve-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("server.key");
+    std::fs::write(&key, "not a key\n").unwrap();
+    let config = dir.join("shard.toml");
+    let text = format!(
+        "name = \"gear-cli-tls-{}\"\ndir = \"{}\"\nmax_len = 4\ncapacity = 4\n[[columns]]\nname = \"x\"\ndtype = \"f32\"\n\
+         [grpc]\nlisten = \"127.0.0.1:0\"\nshard = 0\ntoken = \"0123456789abcdef0\"\n\
+         tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        std::process::id(),
+        dir.display(),
+        dir.join("missing.pem").display(),
+        key.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gear"))
+        .args(["serve", "--seconds", "5", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("missing.pem"), "{stderr}");
+}
