@@ -37,6 +37,9 @@
 //! listen = "0.0.0.0:50051"
 //! shard = 0                      # this server's index in the cluster
 //! # token = "..."                # else the GEAR_TOKEN environment variable
+//! # tls_cert = "server.pem"       # TLS: certificate chain and key (PEM)
+//! # tls_key = "server.key"
+//! # tls_client_ca = "ca.pem"      # mutual TLS: clients need a cert from this CA
 //! ```
 
 use gear_api::{Error, Result};

@@ -1,10 +1,12 @@
 //! The `gear` command: `gear demo` runs the main job on the CPU default;
 //! `gear bench` measures insert and sample throughput against memcpy;
-//! `gear serve` creates a shared table from a config file and keeps it.
+//! `gear serve` creates a shared table from a config file and keeps it;
+//! `gear cluster-info` asks every shard of a cluster file its counters.
 
 mod bench;
 mod children;
 mod cluster_bench;
+mod cluster_config;
 mod config;
 mod demo;
 mod persist;
@@ -99,6 +101,13 @@ enum Command {
         seconds: Option<f64>,
         #[command(flatten)]
         persistence: ServePersistence,
+    },
+    /// Reads a cluster file (shard addresses, token, TLS; see
+    /// `gear-cli/src/cluster_config.rs`) and prints every shard's counters.
+    ClusterInfo {
+        /// The cluster file.
+        #[arg(long)]
+        cluster: PathBuf,
     },
     #[command(hide = true)]
     DemoActor {
@@ -331,6 +340,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Serve { config, seconds, persistence } => serve(&config, seconds, &persistence),
+        Command::ClusterInfo { cluster } => crate::cluster_config::cluster_info(&cluster),
         Command::DemoActor { table, id, seconds, seed } => crate::demo::actor_process(&table, id, seconds, seed),
         Command::DemoTrainer { table, seconds, batch, window } => {
             crate::demo::trainer_process(&table, seconds, batch, window)

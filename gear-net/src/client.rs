@@ -33,7 +33,12 @@ use gear_core::{Pad, RandomSource, TableSpec, WindowSpec, Xoshiro256};
 use parking_lot::Mutex;
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+mod insert;
+mod spread;
+
+pub use insert::TRAJECTORIES_PER_STREAM;
 
 type Grpc = GrpcShardClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -77,6 +82,11 @@ pub struct ClusterConfig {
     pub max_message_bytes: usize,
     /// Seed of the row allocation.
     pub seed: u64,
+    /// How often [`WriteTarget::MostFree`] asks the shards' sizes again
+    /// (between refreshes it counts what it sent).
+    pub free_space_refresh: Duration,
+    /// TLS towards the shards (`None`: plain TCP).
+    pub tls: Option<crate::tls::ClientTls>,
 }
 
 impl ClusterConfig {
@@ -89,6 +99,8 @@ impl ClusterConfig {
             connect_timeout: Duration::from_secs(1),
             max_message_bytes: crate::server::DEFAULT_MAX_MESSAGE_BYTES as usize,
             seed: 0,
+            free_space_refresh: Duration::from_millis(500),
+            tls: None,
         }
     }
 }
@@ -154,6 +166,11 @@ pub enum WriteTarget {
     Shard(usize),
     /// The next live shard, in turn.
     RoundRobin,
+    /// The shard with the most free slots (capacity − size, from each
+    /// shard's `Info` asked at most every
+    /// [`ClusterConfig::free_space_refresh`]; ties to the lowest shard id).
+    /// See the `spread` module.
+    MostFree,
 }
 
 #[derive(Debug, Default)]
@@ -171,6 +188,8 @@ pub struct ClusterClient {
     state: Mutex<Vec<ShardState>>,
     rng: Mutex<Xoshiro256>,
     next_writer: Mutex<usize>,
+    /// What [`WriteTarget::MostFree`] knows of the shards' free slots.
+    free_space: Mutex<spread::FreeSpace>,
     /// The strategy's importance exponent, asked once (again after a
     /// shard rejoins).
     beta: Mutex<Option<f64>>,
@@ -209,8 +228,7 @@ impl ClusterClient {
         let _guard = runtime.enter();
         let mut shards = Vec::with_capacity(config.shards.len());
         for addr in &config.shards {
-            let channel = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| Error::Config(format!("shard address `{addr}`: {e}")))?
+            let channel = crate::tls::endpoint(addr, config.tls.as_ref())?
                 .connect_timeout(config.connect_timeout)
                 .timeout(config.call_timeout)
                 .tcp_nodelay(true)
@@ -232,6 +250,7 @@ impl ClusterClient {
             state: Mutex::new(state),
             rng: Mutex::new(rng),
             next_writer: Mutex::new(0),
+            free_space: Mutex::new(spread::FreeSpace::default()),
             beta: Mutex::new(None),
         })
     }
@@ -531,7 +550,9 @@ impl ClusterClient {
 
     /// Inserts whole trajectories, each sent in chunks of at most
     /// `chunk_steps` steps (0: one chunk each), into `target`. Returns the
-    /// keys in the order of `trajectories`.
+    /// keys in the order of `trajectories`. A failure after some
+    /// trajectories were committed is [`Error::PartialInsert`], which lists
+    /// them; a trajectory is never stored in part.
     pub fn insert(
         &self,
         target: WriteTarget,
@@ -555,48 +576,14 @@ impl ClusterClient {
                     *next = next.wrapping_add(1);
                 }
             }
-        }
-        let total: usize = per_shard.iter().map(Vec::len).sum();
-        let mut keys = vec![None; total];
-        let results = self.runtime.block_on(async {
-            let mut calls = Vec::new();
-            for (s, list) in per_shard.into_iter().enumerate() {
-                if list.is_empty() {
-                    continue;
+            WriteTarget::MostFree => {
+                let shards = self.spread_by_free_space(trajectories.len())?;
+                for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
+                    per_shard[s].push((i, t));
                 }
-                let order: Vec<usize> = list.iter().map(|(i, _)| *i).collect();
-                let chunks = chunks_of(list.into_iter().map(|(_, t)| t), chunk_steps);
-                let mut c = self.shards[s].clone();
-                calls.push((s, order, tokio::spawn(async move { c.insert(tokio_stream::iter(chunks)).await })));
-            }
-            let mut out = Vec::new();
-            for (s, order, call) in calls {
-                out.push((s, order, call.await));
-            }
-            out
-        });
-        for (s, order, r) in results {
-            let reply = match r {
-                Ok(Ok(reply)) => reply.into_inner(),
-                Ok(Err(e)) => {
-                    if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) {
-                        self.mark_lost(s, e.message());
-                    }
-                    return Err(status(s, e));
-                }
-                Err(e) => return Err(Error::NoShard(format!("insert into shard {s} failed: {e}"))),
-            };
-            if reply.keys.len() != order.len() {
-                return Err(Error::Malformed {
-                    shard: s,
-                    what: format!("{} keys for {} trajectories", reply.keys.len(), order.len()),
-                });
-            }
-            for (i, k) in order.into_iter().zip(&reply.keys) {
-                keys[i] = Some(RemoteKey::from(k));
             }
         }
-        Ok(keys.into_iter().flatten().collect())
+        self.send_routed(per_shard, chunk_steps)
     }
 }
 

@@ -38,6 +38,16 @@ pub enum Error {
     /// The operation cannot keep its semantics across shards.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// An insert failed part way. The trajectories listed (index in the
+    /// list given to `insert`, and key) were committed and stay; the others
+    /// were not stored (a trajectory is never stored in part).
+    #[error("insert failed after {} trajectories were committed: {source}", committed.len())]
+    PartialInsert {
+        /// Index and key of each committed trajectory, in index order.
+        committed: Vec<(usize, crate::client::RemoteKey)>,
+        /// Why the rest failed.
+        source: Box<Error>,
+    },
     /// An I/O error (sockets, runtime).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),

@@ -10,7 +10,8 @@
 //! * [`client`]: [`ClusterClient`], which samples across shards with one
 //!   table's distribution, routes priority updates to the owning shard,
 //!   spreads writers, and leaves out (and reports) shards that fail;
-//! * [`auth`]: the cluster token every call carries.
+//! * [`auth`]: the cluster token every call carries;
+//! * [`tls`]: TLS (and mutual TLS) when the configs name certificates.
 //!
 //! Contract: nothing received from the network can panic a server; every
 //! field is checked before use ([`convert`]), every client call has a
@@ -24,10 +25,12 @@
 pub mod alloc;
 pub mod auth;
 pub mod client;
+pub mod committed;
 pub mod convert;
 pub mod error;
 mod pool;
 pub mod server;
+pub mod tls;
 
 /// The generated gRPC messages and services (`gear.v1`).
 #[allow(missing_docs, clippy::all)]
@@ -40,3 +43,4 @@ pub use client::{
 };
 pub use error::{Error, Result};
 pub use server::{ServerConfig, ServerHandle, ShardService, StrategyInfo};
+pub use tls::ClientTls;

@@ -5,6 +5,7 @@
 //! blocking threads so they never stall the reactor.
 
 use crate::auth::{resolve_token, TokenCheck};
+use crate::committed;
 use crate::convert::{key_to_proto, table_status, Limits};
 use crate::error::{Error, Result};
 use crate::pool::BufferPool;
@@ -19,6 +20,7 @@ use gear_sampler::{StrategyKind, StrategyParams};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
@@ -35,6 +37,9 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 256 << 20;
 /// shard = 0                 # this server's index in the cluster config
 /// # token = "..."           # else the GEAR_TOKEN environment variable
 /// # max_message_bytes = 268435456
+/// # tls_cert = "server.pem" # TLS: this server's certificate chain (PEM)
+/// # tls_key = "server.key"  # and its private key
+/// # tls_client_ca = "ca.pem" # mutual TLS: clients need a certificate from this CA
 /// ```
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +52,12 @@ pub struct ServerConfig {
     pub token: Option<String>,
     /// Largest message accepted or sent.
     pub max_message_bytes: Option<u64>,
+    /// Serve TLS with this certificate chain (PEM; needs `tls_key`).
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// Ask clients for a certificate signed by this CA (PEM; mutual TLS).
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// What the server tells clients about its sampling strategy.
@@ -247,12 +258,14 @@ impl Shard for ShardService {
         let mut open: Option<Trajectory> = None;
         let mut keys = Vec::new();
         let mut steps = 0u64;
-        while let Some(chunk) = stream.message().await? {
-            self.limits.check_chunk(&spec, &chunk, open.as_ref().map_or(0, |t| t.len()))?;
+        while let Some(chunk) = stream.message().await.map_err(|s| committed::failed(s, &keys, steps))? {
+            self.limits
+                .check_chunk(&spec, &chunk, open.as_ref().map_or(0, |t| t.len()))
+                .map_err(|s| committed::failed(s, &keys, steps))?;
             let priority = match chunk.priority {
-                Some(p) => {
-                    Some(check_priority(p).map_err(|_| Status::invalid_argument(format!("priority {p} is invalid")))?)
-                }
+                Some(p) => Some(check_priority(p).map_err(|_| {
+                    committed::failed(Status::invalid_argument(format!("priority {p} is invalid")), &keys, steps)
+                })?),
                 None => None,
             };
             // Writer calls wait on the table lock and the rate limiter.
@@ -272,7 +285,8 @@ impl Shard for ShardService {
                     return Ok(Some(key));
                 }
                 Ok(None)
-            })?;
+            })
+            .map_err(|s| committed::failed(s, &keys, steps))?;
             steps += chunk.steps;
             keys.extend(key.map(|k| key_to_proto(self.shard, self.incarnation, k)));
         }
@@ -305,6 +319,7 @@ impl ServerHandle {
         if !(4096..=u64::from(u32::MAX)).contains(&max) {
             return Err(Error::Config(format!("max_message_bytes {max} must be between 4096 and 2^32 - 1")));
         }
+        let builder = crate::tls::server_builder(config)?;
         let listener = std::net::TcpListener::bind(config.listen)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
@@ -318,7 +333,7 @@ impl ServerHandle {
                 let server = ShardServer::new(service)
                     .max_decoding_message_size(max as usize)
                     .max_encoding_message_size(max as usize);
-                tonic::transport::Server::builder()
+                builder
                     .tcp_nodelay(true)
                     .initial_stream_window_size(Some(8 << 20))
                     .initial_connection_window_size(Some(32 << 20))

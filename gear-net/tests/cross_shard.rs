@@ -62,6 +62,9 @@ fn cross_shard_prioritized_sampling_matches_one_table() {
                 shard: s as u32,
                 token: Some(TOKEN.into()),
                 max_message_bytes: None,
+                tls_cert: None,
+                tls_key: None,
+                tls_client_ca: None,
             };
             ServerHandle::start(
                 table_with(ids, s + 1),
@@ -124,6 +127,9 @@ fn deterministic_strategies_are_refused_across_shards() {
                 shard: s as u32,
                 token: Some(TOKEN.into()),
                 max_message_bytes: None,
+                tls_cert: None,
+                tls_key: None,
+                tls_client_ca: None,
             };
             ServerHandle::start(
                 table,

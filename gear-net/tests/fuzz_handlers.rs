@@ -105,6 +105,9 @@ fn fixture() -> &'static Fixture {
             shard: 0,
             token: Some(TOKEN.into()),
             max_message_bytes: Some(1 << 20),
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         };
         let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
         let server = ServerHandle::start(table.clone(), &config, strategy).unwrap();

@@ -1,0 +1,112 @@
+//! The example deployment files under `deploy/` parse with the real config
+//! parsers, so they cannot drift from what `gear serve` and
+//! `gear cluster-info` accept.
+
+#[allow(dead_code)]
+#[path = "../src/config.rs"]
+mod config;
+
+#[allow(dead_code)]
+#[path = "../src/cluster_config.rs"]
+mod cluster_config;
+
+use cluster_config::ClusterFile;
+use config::TableConfig;
+use std::path::{Path, PathBuf};
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(path)
+}
+
+fn shard_config(path: &str) -> TableConfig {
+    let c = TableConfig::load(&deploy(path)).unwrap();
+    c.builder().unwrap_or_else(|e| panic!("{path}: {e}"));
+    c
+}
+
+#[test]
+fn the_three_shard_example_parses() {
+    let configs: Vec<TableConfig> = (0..3).map(|s| shard_config(&format!("three-shards/shard{s}.toml"))).collect();
+    for (s, c) in configs.iter().enumerate() {
+        let grpc = c.grpc.as_ref().expect("a [grpc] section");
+        assert_eq!(grpc.shard as usize, s);
+        assert!(c.rate_limiter.is_some());
+        // The files differ only in the shard id and the seed.
+        let mut same = c.clone();
+        same.seed = 0;
+        same.grpc.as_mut().unwrap().shard = 0;
+        assert_eq!(same, configs[0]);
+    }
+    let cluster = ClusterFile::load(&deploy("three-shards/cluster.toml")).unwrap();
+    assert_eq!(cluster.shards.len(), 3);
+    assert!(cluster.tls.is_none());
+}
+
+#[test]
+fn the_kubernetes_shard_config_parses() {
+    let c = shard_config("k8s/shard.toml");
+    let grpc = c.grpc.unwrap();
+    assert!(grpc.tls_cert.is_some() && grpc.tls_key.is_some());
+    let manifest = std::fs::read_to_string(deploy("k8s/statefulset.yaml")).unwrap();
+    for needed in ["medium: Memory", "sizeLimit", "IPC_LOCK", "clusterIP: None", "secretKeyRef", "rdma/"] {
+        assert!(manifest.contains(needed), "statefulset.yaml lacks `{needed}`");
+    }
+}
+
+#[test]
+fn cluster_files_with_tls_read_the_ca() {
+    let text = "shards = [\"a:1\"]\ntoken = \"0123456789abcdef0\"\n[tls]\nca = \"/nonexistent/ca.pem\"\n";
+    let file = ClusterFile::parse(text).unwrap();
+    let e = file.client_config().unwrap_err().to_string();
+    assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+    assert!(ClusterFile::parse("shards = []\ncolour = 1").unwrap_err().to_string().contains("colour"));
+}
+
+#[test]
+fn cluster_info_names_shards_that_do_not_answer() {
+    let dir = std::env::temp_dir().join(format!("gear-cluster-info-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.toml");
+    // Port 1 on loopback: nothing listens, the connection is refused.
+    std::fs::write(&file, "shards = [\"127.0.0.1:1\"]\ntoken = \"0123456789abcdef0\"\nconnect_timeout_ms = 500\n")
+        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gear"))
+        .args(["cluster-info", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("shard 0: "), "{stdout}");
+    assert!(stderr.contains("1 of 1 shards did not answer"), "{stderr}");
+}
+
+#[test]
+fn serve_names_a_bad_tls_file_at_start() {
+    let dir = std::env::temp_dir().join(format!("gear-serve-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("server.key");
+    std::fs::write(&key, "not a key\n").unwrap();
+    let config = dir.join("shard.toml");
+    let text = format!(
+        "name = \"gear-cli-tls-{}\"\ndir = \"{}\"\nmax_len = 4\ncapacity = 4\n[[columns]]\nname = \"x\"\ndtype = \"f32\"\n\
+         [grpc]\nlisten = \"127.0.0.1:0\"\nshard = 0\ntoken = \"0123456789abcdef0\"\n\
+         tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        std::process::id(),
+        dir.display(),
+        dir.join("missing.pem").display(),
+        key.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gear"))
+        .args(["serve", "--seconds", "5", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("missing.pem"), "{stderr}");
+}

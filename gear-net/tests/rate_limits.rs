@@ -1,0 +1,113 @@
+//! Rate limiting across shards: each shard keeps Reverb's per-table rules
+//! (minimum size to sample, samples per insert within an error buffer). A
+//! cross-shard batch waits on a shard that may not sample, leaves it out
+//! when its wait ends (the shard answers DEADLINE_EXCEEDED a little before
+//! the client's deadline) and draws those rows from the others; the shard
+//! serves again once inserts allow it.
+
+use gear_api::{RateLimiterConfig, ReplayTable, StepValue};
+use gear_core::{ColumnSpec, DType, TableSpec, WindowSpec};
+use gear_net::{
+    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, RemoteTrajectory, ServerConfig, ServerHandle,
+    StrategyInfo, WriteTarget,
+};
+use gear_sampler::{StrategyKind, StrategyParams};
+use std::time::Duration;
+
+const TOKEN: &str = "rate-limit-test-token-01";
+
+fn shard(s: u32, items: u64, limiter: RateLimiterConfig) -> ServerHandle {
+    let spec = TableSpec::new(vec![ColumnSpec::new("id", DType::I64, vec![])], 2, 64).unwrap();
+    let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
+    let table = ReplayTable::builder(spec).rate_limiter(limiter).build().unwrap();
+    let writer = table.writer();
+    for i in 0..items {
+        let mut t = writer.begin(None).unwrap();
+        t.append_step(&[StepValue::typed(&[i as i64])]).unwrap();
+        t.end().unwrap();
+    }
+    let config = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        shard: s,
+        token: Some(TOKEN.into()),
+        max_message_bytes: None,
+        tls_cert: None,
+        tls_key: None,
+        tls_client_ca: None,
+    };
+    ServerHandle::start(table, &config, strategy).unwrap()
+}
+
+fn cluster(servers: &[ServerHandle]) -> ClusterClient {
+    let mut config = ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN);
+    // A shard that may not sample holds a batch for 3/4 of this.
+    config.call_timeout = Duration::from_millis(800);
+    config.seed = 7;
+    ClusterClient::new(config).unwrap()
+}
+
+fn rows_from(b: &ClusterBatch, s: u32) -> usize {
+    b.keys.iter().filter(|k| k.shard == s).count()
+}
+
+fn lost_waiting(b: &ClusterBatch, s: usize) -> bool {
+    b.lost.iter().any(|l| l.shard == s && l.reason.contains("waiting to sample"))
+}
+
+fn one(id: i64) -> RemoteTrajectory {
+    RemoteTrajectory { steps: 1, columns: vec![id.to_le_bytes().to_vec().into()], priority: None }
+}
+
+#[test]
+fn a_shard_below_its_minimum_size_is_waited_for_then_left_out() {
+    let min = RateLimiterConfig::min_size(3);
+    let servers = [shard(0, 4, min), shard(1, 4, min), shard(2, 1, min)];
+    let cluster = cluster(&servers);
+    let request = ClusterSample { rows: 60, window: WindowSpec::last(1), columns: vec![] };
+    let b = cluster.sample(&request).unwrap();
+    assert_eq!(b.keys.len(), 60);
+    assert!(lost_waiting(&b, 2), "shard 2 should have been left out after waiting: {:?}", b.lost);
+    assert_eq!(rows_from(&b, 2), 0);
+    // Two more items reach shard 2's minimum; it serves again.
+    cluster.insert(WriteTarget::Shard(2), vec![one(10), one(11)], 0).unwrap();
+    let b = cluster.sample(&request).unwrap();
+    assert!(b.lost.is_empty(), "{:?}", b.lost);
+    assert!(b.rejoined.contains(&2));
+    assert!(rows_from(&b, 2) > 0);
+}
+
+#[test]
+fn samples_per_insert_stops_a_shard_until_it_gets_inserts() {
+    // Shard 0: ratio 1 within [2 - 4, 2 + 4]; 4 items inserted, so the
+    // error inserts - samples = 4 allows 6 samples. Shard 1 is unlimited.
+    let ratio = RateLimiterConfig::sample_to_insert_ratio(1.0, 2, 4.0).unwrap();
+    let servers = [shard(0, 4, ratio), shard(1, 4, RateLimiterConfig::default())];
+    let cluster = cluster(&servers);
+    let request = ClusterSample { rows: 2, window: WindowSpec::last(1), columns: vec![] };
+    let mut from_0 = 0;
+    let mut blocked = false;
+    for _ in 0..40 {
+        let b = cluster.sample(&request).unwrap();
+        assert_eq!(b.keys.len(), 2);
+        from_0 += rows_from(&b, 0);
+        if lost_waiting(&b, 0) {
+            blocked = true;
+            break;
+        }
+    }
+    assert!(blocked, "shard 0 never ran out of samples ({from_0} drawn)");
+    assert!((5..=6).contains(&from_0), "shard 0 gave {from_0} rows on a budget of 6");
+    // Four inserts give it four more samples.
+    cluster.insert(WriteTarget::Shard(0), (0..4).map(one).collect(), 0).unwrap();
+    let mut after = 0;
+    for _ in 0..40 {
+        let b = cluster.sample(&request).unwrap();
+        after += rows_from(&b, 0);
+        if lost_waiting(&b, 0) {
+            break;
+        }
+    }
+    assert!(after > 0, "shard 0 did not serve after the inserts");
+    assert!(from_0 + after <= 10, "shard 0 gave {} rows on a budget of 10", from_0 + after);
+    assert_eq!(cluster.info(0).unwrap().samples as usize, from_0 + after);
+}
