@@ -24,6 +24,7 @@
 //! incarnation makes keys from its previous run stale.
 
 use crate::auth::TokenAttach;
+use crate::channel::{ChannelSettings, ShardChannel};
 use crate::convert::spec_from_proto;
 use crate::error::{Error, Result};
 use crate::proto::shard_client::ShardClient as GrpcShardClient;
@@ -33,14 +34,13 @@ use gear_core::{Pad, RandomSource, TableSpec, WindowSpec, Xoshiro256};
 use parking_lot::Mutex;
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 mod insert;
 mod spread;
 
 pub use insert::TRAJECTORIES_PER_STREAM;
 
-type Grpc = GrpcShardClient<InterceptedService<Channel, TokenAttach>>;
+type Grpc = GrpcShardClient<InterceptedService<ShardChannel, TokenAttach>>;
 
 /// A key of a cluster: the shard, the shard's incarnation, and the slot key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -228,13 +228,9 @@ impl ClusterClient {
         let _guard = runtime.enter();
         let mut shards = Vec::with_capacity(config.shards.len());
         for addr in &config.shards {
-            let channel = crate::tls::endpoint(addr, config.tls.as_ref())?
-                .connect_timeout(config.connect_timeout)
-                .timeout(config.call_timeout)
-                .tcp_nodelay(true)
-                .initial_stream_window_size(Some(8 << 20))
-                .initial_connection_window_size(Some(32 << 20))
-                .connect_lazy();
+            let settings =
+                ChannelSettings { connect_timeout: config.connect_timeout, call_timeout: config.call_timeout };
+            let channel = ShardChannel::new(addr, config.tls.as_ref(), settings)?;
             shards.push(
                 GrpcShardClient::with_interceptor(channel, attach.clone())
                     .max_decoding_message_size(config.max_message_bytes)

@@ -24,6 +24,7 @@
 
 pub mod alloc;
 pub mod auth;
+mod channel;
 pub mod client;
 pub mod committed;
 pub mod convert;
