@@ -62,7 +62,8 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         _ => format::io(path, "read")(e),
     })?;
     check_preamble(path, &preamble)?;
-    let mut chunks = ChunkReader::new(std::io::BufReader::with_capacity(1 << 18, file), path);
+    advise_sequential(&file);
+    let mut chunks = ChunkReader::new(file, path);
     let (tag, payload) = chunks.next(1 << 24)?;
     if tag != Tag::Header {
         return Err(problem(path, format!("corrupted: the first chunk is {tag:?}, not the header")));
@@ -165,6 +166,16 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     }
     l.wake();
     Ok(())
+}
+
+/// Tells the kernel the file is read once, front to back (a larger
+/// read-ahead when it is not cached). Only advice: a failure is ignored.
+fn advise_sequential(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `posix_fadvise` reads and writes no memory of this process;
+    // the descriptor is open for the duration of the call (`file` is
+    // borrowed).
+    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
 }
 
 /// Restores one trajectory record of the data chunk being read into its
