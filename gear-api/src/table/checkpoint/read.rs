@@ -10,7 +10,7 @@ use super::format::{
 };
 use crate::error::Result;
 use crate::table::ReplayTable;
-use gear_core::{check_priority, SlotKey, TableSpec};
+use gear_core::{check_priority, MemoryKind, MemoryRegion, SlotKey, TableSpec};
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -165,6 +165,14 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         }
     }
     l.wake();
+    // The restore built its host pool of small pages, faulted in as the
+    // bytes landed (see `HostPool::unpopulated`); from now on the kernel
+    // may merge them into huge pages in the background, as a built table
+    // has from the start.
+    let pool = region.region();
+    if let (MemoryKind::Host, Some(p)) = (pool.kind(), pool.host_ptr()) {
+        gear_core::hint::advise_huge_pages(p.as_ptr(), usize::try_from(pool.len()).unwrap_or(0));
+    }
     Ok(())
 }
 
