@@ -265,30 +265,7 @@ fn main() -> ExitCode {
                         println!("{}", serde_json::to_string(&r).expect("report serialises"));
                         return;
                     }
-                    println!(
-                        "checkpoint of {} trajectories, {:.1} MB in {} ({} rounds, medians)",
-                        r.trajectories,
-                        r.file_bytes as f64 / 1e6,
-                        r.dir,
-                        r.rounds
-                    );
-                    println!(
-                        "  checkpoint : {:>6.2} GB/s  plain write + fsync : {:>6.2} GB/s  ratio {:.2}",
-                        r.checkpoint_gb_per_s, r.plain_write_gb_per_s, r.write_ratio
-                    );
-                    println!(
-                        "  restore    : {:>6.2} GB/s  plain read          : {:>6.2} GB/s  ratio {:.2}",
-                        r.restore_gb_per_s, r.plain_read_gb_per_s, r.restore_ratio
-                    );
-                    println!(
-                        "  restore without building the empty table ({:.0} ms): {:.2} GB/s  ratio {:.2}",
-                        r.table_build_ms, r.restore_without_build_gb_per_s, r.restore_without_build_ratio
-                    );
-                    println!(
-                        "  per CPU-second: restore {:.2} GB/s, plain read {:.2} GB/s",
-                        r.restore_cpu_gb_per_s, r.plain_read_cpu_gb_per_s
-                    );
-                    println!("  longest table pause for a snapshot: {:.0} us", r.max_pause_us);
+                    println!("{r}");
                 }));
             }
             if backend == "cuda" {

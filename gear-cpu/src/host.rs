@@ -18,13 +18,29 @@ impl HostPool {
     /// Zero bytes, a size that does not fit this machine, or an allocator
     /// failure are errors (never an abort).
     pub fn new(bytes: u64) -> Result<Self> {
+        Self::with_prefault(bytes, true)
+    }
+
+    /// Like [`HostPool::new`], but pages are left to be faulted in (and
+    /// cleared by the kernel) at their first touch, as ordinary pages,
+    /// instead of all up front as huge pages: for a pool about to be filled
+    /// whole, such as a table being restored from a checkpoint, where the
+    /// fill would otherwise be a second pass over every byte. Advise huge
+    /// pages once it is filled ([`gear_core::hint::advise_huge_pages`]) to
+    /// let the kernel merge them in the background.
+    pub fn unpopulated(bytes: u64) -> Result<Self> {
+        Self::with_prefault(bytes, false)
+    }
+
+    fn with_prefault(bytes: u64, prefault: bool) -> Result<Self> {
         if bytes == 0 {
             return Err(Error::ZeroSize);
         }
         let alloc_err = |reason: &'static str| Error::Alloc { bytes, align: HOST_POOL_ALIGN, reason };
         let len =
             usize::try_from(bytes).map_err(|_| alloc_err("the size does not fit this machine's address space"))?;
-        let bytes = AlignedBytes::zeroed(len, HOST_POOL_ALIGN as usize).map_err(|f| alloc_err(f.reason()))?;
+        let bytes =
+            AlignedBytes::zeroed_with(len, HOST_POOL_ALIGN as usize, prefault).map_err(|f| alloc_err(f.reason()))?;
         Ok(HostPool { bytes })
     }
 }

@@ -40,14 +40,19 @@ impl AllocFailure {
 /// An owned, zero-initialised heap block with a chosen power-of-two
 /// alignment, freed on drop.
 pub(crate) struct AlignedBytes {
-    /// Invariant: when `len > 0`, `ptr` came from `alloc_zeroed` or `alloc`
-    /// (then zeroed) with `Layout::from_size_align(len, align)` and is
-    /// owned by this value;
-    /// when `len == 0`, `ptr` is a dangling, `align`-aligned address that is
-    /// never dereferenced or freed.
+    /// Invariant: when `len > 0`, `ptr` is either a block from
+    /// `alloc_zeroed` with `Layout::from_size_align(len, align)` (when
+    /// `mapping` is `None`) or an `align`-aligned address inside the
+    /// private anonymous mapping `mapping` names, with `len` bytes of it
+    /// from `ptr` on; either is owned by this value. When `len == 0`, `ptr`
+    /// is a dangling, `align`-aligned address that is never dereferenced or
+    /// freed.
     ptr: NonNull<u8>,
     len: usize,
     align: usize,
+    /// Start and length of the anonymous mapping holding the block (blocks
+    /// of [`HUGE_PAGE`] or more), unmapped on drop.
+    mapping: Option<(NonNull<u8>, usize)>,
 }
 
 // SAFETY: `AlignedBytes` owns its block exclusively, like a `Vec<u8>`;
@@ -58,42 +63,72 @@ unsafe impl Send for AlignedBytes {}
 unsafe impl Sync for AlignedBytes {}
 
 impl AlignedBytes {
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two),
+    /// every page faulted in. Never aborts: failures are returned.
+    pub(crate) fn zeroed(len: usize, align: usize) -> Result<Self, AllocFailure> {
+        Self::zeroed_with(len, align, true)
+    }
+
     /// Allocates `len` zeroed bytes aligned to `align` (a power of two).
     /// Never aborts: failures are returned.
     ///
-    /// Blocks of [`HUGE_PAGE`] or more are aligned to a huge page and
-    /// advised as huge-page memory (`MADV_HUGEPAGE`) before they are
-    /// zeroed, which faults every page in: where transparent huge pages are
-    /// enabled (`always` or `madvise` in
+    /// Blocks of [`HUGE_PAGE`] or more are a private anonymous mapping
+    /// (zero pages from the kernel, so no pass of `memset`) aligned to a
+    /// huge page. With `prefault`, the block is advised as huge-page memory
+    /// (`MADV_HUGEPAGE`) and every page faulted in (`MADV_POPULATE_WRITE`,
+    /// or by writing zeros where the kernel lacks it): where transparent
+    /// huge pages are enabled (`always` or `madvise` in
     /// `/sys/kernel/mm/transparent_hugepage/enabled`), the block is then
-    /// backed by 2 MiB pages, and random reads over it (sampling) miss the
-    /// TLB far less often. Elsewhere the advice does nothing and the block
-    /// is an ordinary one.
-    pub(crate) fn zeroed(len: usize, align: usize) -> Result<Self, AllocFailure> {
+    /// backed by 2 MiB pages, random reads over it (sampling) miss the TLB
+    /// far less often, and no later access pays for a fault. Without
+    /// `prefault`, each page is faulted in at its first touch, as an
+    /// ordinary page: for a block about to be overwritten whole (a
+    /// restore), whose owner may advise huge pages afterwards. (A fresh
+    /// huge page can cost far more to fault in than 512 small ones: in a
+    /// virtual machine that hands free huge blocks back to its host, each
+    /// must be backed again; a restore measured 4x slower with them.)
+    pub(crate) fn zeroed_with(len: usize, align: usize, prefault: bool) -> Result<Self, AllocFailure> {
         let layout = Layout::from_size_align(len, align).map_err(|_| AllocFailure::TooLarge)?;
         if len == 0 {
             let ptr = NonNull::new(std::ptr::without_provenance_mut::<u8>(align)).ok_or(AllocFailure::TooLarge)?;
-            return Ok(AlignedBytes { ptr, len, align });
+            return Ok(AlignedBytes { ptr, len, align, mapping: None });
         }
         if len < HUGE_PAGE {
             // SAFETY: `layout` has a non-zero size (checked above) and a
             // valid power-of-two alignment (`from_size_align` succeeded).
             let p = unsafe { alloc::alloc_zeroed(layout) };
             let ptr = NonNull::new(p).ok_or(AllocFailure::OutOfMemory)?;
-            return Ok(AlignedBytes { ptr, len, align });
+            return Ok(AlignedBytes { ptr, len, align, mapping: None });
         }
         let align = layout.align().max(HUGE_PAGE);
-        let layout = Layout::from_size_align(len, align).map_err(|_| AllocFailure::TooLarge)?;
-        // SAFETY: as above: a non-zero size and a valid alignment.
-        let p = unsafe { alloc::alloc(layout) };
-        let ptr = NonNull::new(p).ok_or(AllocFailure::OutOfMemory)?;
-        gear_core::hint::advise_huge_pages(ptr.as_ptr(), len);
-        // SAFETY: `ptr` is valid for writes of `len` bytes (just allocated
-        // with that size); zeroing them makes every byte initialised.
-        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
-        Ok(AlignedBytes { ptr, len, align })
+        // Room to move the start up to the alignment.
+        let map_len = len.checked_add(align).filter(|&n| n <= isize::MAX as usize).ok_or(AllocFailure::TooLarge)?;
+        // SAFETY: a new private anonymous mapping at an address the kernel
+        // picks: it replaces no memory of this process.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(AllocFailure::OutOfMemory);
+        }
+        let base = NonNull::new(base.cast::<u8>()).ok_or(AllocFailure::OutOfMemory)?;
+        let skip = (base.as_ptr() as usize).next_multiple_of(align) - base.as_ptr() as usize;
+        // SAFETY: `skip < align` and `skip + len <= map_len`: the address
+        // lies inside the mapping.
+        let ptr = unsafe { base.add(skip) };
+        if prefault {
+            gear_core::hint::advise_huge_pages(ptr.as_ptr(), len);
+            populate(ptr, len);
+        }
+        Ok(AlignedBytes { ptr, len, align, mapping: Some((base, map_len)) })
     }
-
     /// Address of the first byte.
     pub(crate) fn ptr(&self) -> NonNull<u8> {
         self.ptr
@@ -122,12 +157,37 @@ impl AlignedBytes {
 
 impl Drop for AlignedBytes {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if let Some((base, map_len)) = self.mapping {
+            // SAFETY: by the field invariant `mapping` is a mapping this
+            // value made and owns; it is unmapped once, and no borrow of
+            // its bytes outlives `self`.
+            unsafe { libc::munmap(base.as_ptr().cast(), map_len) };
+        } else if self.len > 0 {
             // SAFETY: by the field invariant the block came from the global
             // allocator with exactly this layout, and is freed once.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, self.align)) };
         }
     }
+}
+
+/// Faults in every page of `[ptr, ptr + len)`, a fresh private anonymous
+/// mapping of zero pages, without changing a byte.
+fn populate(ptr: NonNull<u8>, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: MADV_POPULATE_WRITE faults the range in as if written,
+        // changing no contents, protection or mapping; the range lies in a
+        // mapping this caller owns, and `ptr` is page-aligned (a huge-page
+        // multiple).
+        let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_POPULATE_WRITE) };
+        if rc == 0 {
+            return;
+        }
+    }
+    // A kernel before 5.14: write the zeros the pages already hold.
+    // SAFETY: `ptr` is valid for writes of `len` bytes (the caller's
+    // mapping) and nothing else refers to them yet.
+    unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
 }
 
 /// Reserves `[0, len)` of `file` on its file system (`posix_fallocate`), so
@@ -249,15 +309,17 @@ mod tests {
         for (len, align) in
             [(1, 64), (4097, 4096), (0, 64), (0, 4096), (100, 1), (HUGE_PAGE, 64), (3 * HUGE_PAGE + 5, 4096)]
         {
-            let mut b = AlignedBytes::zeroed(len, align).unwrap();
-            assert_eq!(b.ptr().as_ptr() as usize % align, 0);
-            if len >= HUGE_PAGE {
-                assert_eq!(b.ptr().as_ptr() as usize % HUGE_PAGE, 0, "large blocks start on a huge page");
+            for prefault in [true, false] {
+                let mut b = AlignedBytes::zeroed_with(len, align, prefault).unwrap();
+                assert_eq!(b.ptr().as_ptr() as usize % align, 0);
+                if len >= HUGE_PAGE {
+                    assert_eq!(b.ptr().as_ptr() as usize % HUGE_PAGE, 0, "large blocks start on a huge page");
+                }
+                assert_eq!(b.len(), len);
+                assert!(b.as_slice().iter().all(|&x| x == 0));
+                b.as_mut_slice().fill(7);
+                assert!(b.as_slice().iter().all(|&x| x == 7));
             }
-            assert_eq!(b.len(), len);
-            assert!(b.as_slice().iter().all(|&x| x == 0));
-            b.as_mut_slice().fill(7);
-            assert!(b.as_slice().iter().all(|&x| x == 7));
         }
         assert_eq!(AlignedBytes::zeroed(usize::MAX - 10, 4096).err(), Some(AllocFailure::TooLarge));
     }

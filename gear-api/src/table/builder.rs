@@ -171,13 +171,22 @@ impl TableBuilder {
     /// refused with [`Error::Checkpoint`] naming the problem, and no table
     /// is returned.
     pub fn restore(self, path: impl AsRef<std::path::Path>) -> Result<ReplayTable> {
-        let table = self.build()?;
+        // Pages are faulted in as the checkpoint's bytes land in them, not
+        // in a pass of their own before (fresh memory is what a restore
+        // spends most of its time on).
+        let table = self.build_with(false)?;
         super::checkpoint::restore_into(&table, path.as_ref())?;
         Ok(table)
     }
 
     /// Allocates the pool, lays the table out and returns it.
     pub fn build(self) -> Result<ReplayTable> {
+        self.build_with(true)
+    }
+
+    /// [`TableBuilder::build`], with the pool's pages faulted in up front
+    /// (`prefault`) or at first touch.
+    fn build_with(self, prefault: bool) -> Result<ReplayTable> {
         let limiter = self.limiter.validated()?;
         let capacity = self.spec.capacity();
         if self.max_times_sampled == Some(0) {
@@ -191,9 +200,10 @@ impl TableBuilder {
         }
         let region_layout = gear_core::RegionLayout::for_spec(&self.spec)?;
         let (pool, backing): (Box<dyn MemoryRegion>, Option<File>) = match &self.pool {
-            PoolConfig::Host => (Box::new(gear_cpu::HostPool::new(region_layout.total_bytes)?), None),
+            PoolConfig::Host if prefault => (Box::new(gear_cpu::HostPool::new(region_layout.total_bytes)?), None),
+            PoolConfig::Host => (Box::new(gear_cpu::HostPool::unpopulated(region_layout.total_bytes)?), None),
             PoolConfig::Shared { name, dir } => {
-                let mut opts = gear_cpu::ShmOptions::new();
+                let mut opts = gear_cpu::ShmOptions::new().populate(prefault);
                 if let Some(d) = dir {
                     opts = opts.dir(d.clone());
                 }

@@ -88,12 +88,25 @@ pub(super) fn write_chunk(out: &mut impl Write, tag: Tag, payload: &[u8]) -> std
     Ok((CHUNK_HEADER_BYTES + payload.len() + 4) as u64)
 }
 
+/// Bytes [`ChunkReader`] reads ahead for small pieces (chunk headers,
+/// records, short columns). Pieces at least this long are read straight
+/// from the input into their destination, so trajectory bytes are copied
+/// once (from the page cache into the slot) and not twice through a
+/// buffer; keeping the read-ahead short bounds the bytes of a long piece
+/// that still come through it.
+pub(super) const READ_AHEAD: usize = 16 << 10;
+
 /// Reads chunks one at a time, checking each checksum: small chunks into
 /// one reused buffer ([`ChunkReader::next`]), data chunks piece by piece
 /// straight to where they go ([`ChunkReader::begin`], [`ChunkReader::part`],
-/// [`ChunkReader::finish`]).
+/// [`ChunkReader::finish`]). It buffers for itself (pass it the unbuffered
+/// file): see [`READ_AHEAD`].
 pub(super) struct ChunkReader<'p, R> {
     input: R,
+    /// Read-ahead: `ahead[pos..filled]` are input bytes not consumed yet.
+    ahead: Box<[u8]>,
+    pos: usize,
+    filled: usize,
     path: &'p Path,
     /// Byte offset of the current chunk in the file (for messages).
     offset: u64,
@@ -111,6 +124,9 @@ impl<'p, R: Read> ChunkReader<'p, R> {
     pub(super) fn new(input: R, path: &'p Path) -> Self {
         ChunkReader {
             input,
+            ahead: vec![0u8; READ_AHEAD].into_boxed_slice(),
+            pos: 0,
+            filled: 0,
             path,
             offset: PREAMBLE_BYTES as u64,
             index: 0,
@@ -213,6 +229,9 @@ impl<'p, R: Read> ChunkReader<'p, R> {
 
     /// Whether the input has ended (no byte follows).
     pub(super) fn at_end(&mut self) -> Result<bool> {
+        if self.pos < self.filled {
+            return Ok(false);
+        }
         let mut b = [0u8; 1];
         loop {
             match self.input.read(&mut b) {
@@ -224,15 +243,50 @@ impl<'p, R: Read> ChunkReader<'p, R> {
         }
     }
 
+    /// Fills `out` from the read-ahead, then (the rest being long) straight
+    /// from the input or (short) through a refill of the read-ahead.
     fn read_exact_or_truncated(&mut self, out: &mut [u8]) -> Result<()> {
-        let (at, index) = (self.offset, self.index);
-        self.input.read_exact(out).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                problem(self.path, format!("truncated: the file ends inside chunk {index} (which starts at byte {at})"))
+        let buffered = (self.filled - self.pos).min(out.len());
+        out[..buffered].copy_from_slice(&self.ahead[self.pos..self.pos + buffered]);
+        self.pos += buffered;
+        let mut done = buffered;
+        while done < out.len() {
+            let rest = &mut out[done..];
+            let got = if rest.len() >= READ_AHEAD {
+                self.read_input(Some(rest))?
             } else {
-                io(self.path, "read")(e)
+                let got = self.read_input(None)?;
+                let n = got.min(rest.len());
+                rest[..n].copy_from_slice(&self.ahead[..n]);
+                (self.pos, self.filled) = (n, got);
+                n
+            };
+            if got == 0 {
+                let (at, index) = (self.offset, self.index);
+                return Err(problem(
+                    self.path,
+                    format!("truncated: the file ends inside chunk {index} (which starts at byte {at})"),
+                ));
             }
-        })
+            done += got;
+        }
+        Ok(())
+    }
+
+    /// One `read` of the input into `into`, or into the (consumed)
+    /// read-ahead when `None`, retried on `EINTR`. Returns the bytes read.
+    fn read_input(&mut self, into: Option<&mut [u8]>) -> Result<usize> {
+        let out = match into {
+            Some(out) => out,
+            None => &mut self.ahead[..],
+        };
+        loop {
+            match self.input.read(out) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(self.path, "read")(e)),
+            }
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use super::format::{
 };
 use crate::error::Result;
 use crate::table::ReplayTable;
-use gear_core::{check_priority, SlotKey, TableSpec};
+use gear_core::{check_priority, MemoryKind, MemoryRegion, SlotKey, TableSpec};
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -62,7 +62,8 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         _ => format::io(path, "read")(e),
     })?;
     check_preamble(path, &preamble)?;
-    let mut chunks = ChunkReader::new(std::io::BufReader::with_capacity(1 << 18, file), path);
+    advise_sequential(&file);
+    let mut chunks = ChunkReader::new(file, path);
     let (tag, payload) = chunks.next(1 << 24)?;
     if tag != Tag::Header {
         return Err(problem(path, format!("corrupted: the first chunk is {tag:?}, not the header")));
@@ -164,7 +165,25 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         }
     }
     l.wake();
+    // The restore built its host pool of small pages, faulted in as the
+    // bytes landed (see `HostPool::unpopulated`); from now on the kernel
+    // may merge them into huge pages in the background, as a built table
+    // has from the start.
+    let pool = region.region();
+    if let (MemoryKind::Host, Some(p)) = (pool.kind(), pool.host_ptr()) {
+        gear_core::hint::advise_huge_pages(p.as_ptr(), usize::try_from(pool.len()).unwrap_or(0));
+    }
     Ok(())
+}
+
+/// Tells the kernel the file is read once, front to back (a larger
+/// read-ahead when it is not cached). Only advice: a failure is ignored.
+fn advise_sequential(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `posix_fadvise` reads and writes no memory of this process;
+    // the descriptor is open for the duration of the call (`file` is
+    // borrowed).
+    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
 }
 
 /// Restores one trajectory record of the data chunk being read into its
