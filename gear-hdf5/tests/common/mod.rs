@@ -150,3 +150,49 @@ pub fn flags(i: u64) -> (bool, bool) {
     }
     (false, false)
 }
+
+/// Steps of the test Minari file's episodes, and how each ends.
+pub const MINARI_EPISODES: [(u64, &str); 3] = [(12, "terminated"), (45, "truncated"), (7, "terminated")];
+
+/// Writes the test Minari file: `episode_<id>` groups with `T + 1`
+/// observations. Returns the spec with a next-observation column.
+pub fn write_minari(path: &Path) -> TableSpec {
+    let mut fb = FileBuilder::new();
+    let mut base = 0u64;
+    for (id, (t, how)) in MINARI_EPISODES.iter().enumerate() {
+        let mut g = fb.create_group(&format!("episode_{id}"));
+        let o: Vec<f32> = (base..base + t + 1).flat_map(obs).collect();
+        let a: Vec<f32> = (base..base + t).flat_map(action).collect();
+        let r: Vec<f64> = (base..base + t).map(|i| f64::from(reward(i))).collect();
+        let mut term = vec![0u8; *t as usize];
+        let mut trunc = vec![0u8; *t as usize];
+        if *how == "terminated" {
+            term[*t as usize - 1] = 1;
+        } else {
+            trunc[*t as usize - 1] = 1;
+        }
+        g.create_dataset("observations").with_f32_data(&o).with_shape(&[t + 1, 3]).with_chunks(&[8, 3]).with_deflate(1);
+        g.create_dataset("actions").with_f32_data(&a).with_shape(&[*t, 2]);
+        g.create_dataset("rewards").with_f64_data(&r);
+        g.create_dataset("terminations").with_raw_data(bool_type(), term, *t);
+        g.create_dataset("truncations").with_raw_data(bool_type(), trunc, *t);
+        fb.add_group(g.finish());
+        base += t + 1;
+    }
+    fb.write(path).unwrap();
+    minari_spec(true)
+}
+
+pub fn minari_spec(next: bool) -> TableSpec {
+    let mut cols = vec![ColumnSpec::new("observations", DType::F32, vec![3])];
+    if next {
+        cols.push(ColumnSpec::new("next_observations", DType::F32, vec![3]));
+    }
+    cols.extend([
+        ColumnSpec::new("actions", DType::F32, vec![2]),
+        ColumnSpec::new("rewards", DType::F64, vec![]),
+        ColumnSpec::new("terminations", DType::Bool, vec![]),
+        ColumnSpec::new("truncations", DType::Bool, vec![]),
+    ]);
+    TableSpec::new(cols, 20, 10).unwrap()
+}
