@@ -7,6 +7,7 @@ mod children;
 mod cluster_bench;
 mod config;
 mod demo;
+mod import;
 mod persist;
 mod progress;
 
@@ -100,6 +101,12 @@ enum Command {
         #[command(flatten)]
         persistence: ServePersistence,
     },
+    /// Imports an HDF5 dataset (D4RL or Minari layout) into the table a
+    /// config names: the served one, or a new one written to --checkpoint.
+    Import(import::ImportArgs),
+    /// Exports a table's committed trajectories to an HDF5 file (D4RL or
+    /// Minari layout).
+    Export(import::ExportArgs),
     #[command(hide = true)]
     DemoActor {
         #[arg(long)]
@@ -322,6 +329,8 @@ fn main() -> ExitCode {
             })
         }
         Command::Serve { config, seconds, persistence } => serve(&config, seconds, &persistence),
+        Command::Import(args) => return import::import(&args),
+        Command::Export(args) => return import::export(&args),
         Command::DemoActor { table, id, seconds, seed } => crate::demo::actor_process(&table, id, seconds, seed),
         Command::DemoTrainer { table, seconds, batch, window } => {
             crate::demo::trainer_process(&table, seconds, batch, window)
