@@ -35,7 +35,8 @@ pub struct TableArgs {
     /// Directory of the table's backing file (with --table; default /dev/shm).
     #[arg(long, requires = "table")]
     dir: Option<PathBuf>,
-    /// Import: where to write the table when no process serves it.
+    /// Import: write the table to this checkpoint afterwards (required
+    /// when no process serves the table).
     /// Export: read this checkpoint (with --config) instead of a served table.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
@@ -138,7 +139,8 @@ fn served(args: &TableArgs) -> Result<Option<ReplayTable>, String> {
     if !dir.join(&cfg.name).exists() {
         return Ok(None);
     }
-    let opts = AttachOptions { dir: cfg.dir.clone(), expected: Some(cfg.spec().map_err(e)?), ..AttachOptions::default() };
+    let opts =
+        AttachOptions { dir: cfg.dir.clone(), expected: Some(cfg.spec().map_err(e)?), ..AttachOptions::default() };
     let t = ReplayTable::attach(&cfg.name, opts).map_err(|err| format!("table `{}`: {err}", cfg.name))?;
     Ok(Some(t))
 }
@@ -161,7 +163,8 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
             (t, args.table.checkpoint.clone())
         }
         None => {
-            let cfg = TableConfig::load(args.table.config.as_deref().unwrap_or(Path::new(""))).map_err(|e| e.to_string())?;
+            let cfg =
+                TableConfig::load(args.table.config.as_deref().unwrap_or(Path::new(""))).map_err(|e| e.to_string())?;
             let Some(out) = &args.table.checkpoint else {
                 return Err(format!(
                     "no process serves table `{}` (start `gear serve --config ...` first), and without \
@@ -170,7 +173,11 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
                 ));
             };
             let t = cfg.builder().and_then(|b| b.pool(PoolConfig::Host).build()).map_err(|e| e.to_string())?;
-            println!("no process serves table `{}`: importing into a new table, written to {}", cfg.name, out.display());
+            println!(
+                "no process serves table `{}`: importing into a new table, written to {}",
+                cfg.name,
+                out.display()
+            );
             (t, Some(out.clone()))
         }
     };
@@ -219,7 +226,12 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
     }
     if let Some(path) = checkpoint {
         let c = table.checkpoint(&path).map_err(|e| e.to_string())?;
-        println!("checkpoint {}: {} trajectories, {:.1} MB", c.path.display(), c.trajectories, c.file_bytes as f64 / 1e6);
+        println!(
+            "checkpoint {}: {} trajectories, {:.1} MB",
+            c.path.display(),
+            c.trajectories,
+            c.file_bytes as f64 / 1e6
+        );
     }
     Ok(())
 }

@@ -36,7 +36,9 @@ fn d4rl(path: &Path) {
     let mut fb = FileBuilder::new();
     let obs: Vec<f32> = (0..n * 4).map(|i| i as f32 * 0.5).collect();
     fb.create_dataset("observations").with_f32_data(&obs).with_shape(&[n, 4]).with_chunks(&[32, 4]).with_deflate(6);
-    fb.create_dataset("actions").with_f32_data(&(0..n * 2).map(|i| -(i as f32)).collect::<Vec<_>>()).with_shape(&[n, 2]);
+    fb.create_dataset("actions")
+        .with_f32_data(&(0..n * 2).map(|i| -(i as f32)).collect::<Vec<_>>())
+        .with_shape(&[n, 2]);
     fb.create_dataset("rewards").with_f32_data(&(0..n).map(|i| (i % 3) as f32).collect::<Vec<_>>());
     fb.create_dataset("terminals").with_raw_data(b.clone(), vec![0; n as usize], n);
     fb.create_dataset("timeouts").with_raw_data(b, (0..n).map(|i| u8::from(i % 20 == 19)).collect(), n);
@@ -147,10 +149,18 @@ fn absurd_arguments_are_clear_errors() {
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (vec!["import", "--hdf5", "/nonexistent/x.hdf5", "--config", c, "--checkpoint", k], 1, "no such file"),
         (vec!["import", "--hdf5", text.to_str().unwrap(), "--config", c, "--checkpoint", k], 1, "not an HDF5 file"),
-        (vec!["import", "--hdf5", s, "--config", c, "--checkpoint", k, "--layout", "minari"], 1, "not the Minari layout"),
+        (
+            vec!["import", "--hdf5", s, "--config", c, "--checkpoint", k, "--layout", "minari"],
+            1,
+            "not the Minari layout",
+        ),
         (vec!["import", "--hdf5", s, "--config", c, "--checkpoint", k, "--layout", "hdf4"], 2, "invalid value"),
         (vec!["import", "--hdf5", s, "--config", c, "--checkpoint", k, "--map", "rewards"], 1, "not DATASET=COLUMN"),
-        (vec!["import", "--hdf5", s, "--config", c, "--checkpoint", k, "--map", "rewards=reward"], 1, "names column `reward`"),
+        (
+            vec!["import", "--hdf5", s, "--config", c, "--checkpoint", k, "--map", "rewards=reward"],
+            1,
+            "names column `reward`",
+        ),
         (
             vec!["import", "--hdf5", s, "--config", i32_cfg.to_str().unwrap(), "--checkpoint", k],
             1,
@@ -159,7 +169,11 @@ fn absurd_arguments_are_clear_errors() {
         (vec!["import", "--hdf5", s, "--config", "/nonexistent.toml", "--checkpoint", k], 1, "nonexistent.toml"),
         (vec!["import", "--hdf5", s], 2, "--config"),
         (vec!["export", "--hdf5", "out.hdf5", "--checkpoint", k], 2, "--config"),
-        (vec!["export", "--hdf5", "out.hdf5", "--config", c, "--checkpoint", "/nonexistent.ckpt"], 1, "nonexistent.ckpt"),
+        (
+            vec!["export", "--hdf5", "out.hdf5", "--config", c, "--checkpoint", "/nonexistent.ckpt"],
+            1,
+            "nonexistent.ckpt",
+        ),
         (vec!["export", "--hdf5", "out.hdf5", "--table", "no-such-table-h5"], 1, "no-such-table-h5"),
     ];
     for (args, want, needle) in cases {

@@ -114,7 +114,9 @@ pub(crate) fn run(table: &ReplayTable, path: &Path, options: &ExportOptions) -> 
     let mut tmp = path.file_name().ok_or_else(|| werr("the path names no file".into()))?.to_owned();
     tmp.push(format!(".tmp.{}", std::process::id()));
     let tmp = path.with_file_name(tmp);
-    if let Err(e) = fb.write(&tmp).map_err(|e| e.to_string()).and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string())) {
+    if let Err(e) =
+        fb.write(&tmp).map_err(|e| e.to_string()).and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()))
+    {
         let _ = std::fs::remove_file(&tmp);
         return Err(werr(e));
     }

@@ -14,7 +14,7 @@
 //! timeout), and that error says how many trajectories went in.
 
 use crate::error::{Error, Result};
-use crate::source::{chunks, d4rl_episodes, Opened, Source};
+use crate::source::{chunks, d4rl_episodes, Chunk, Opened, Source};
 use crate::types::{conversion, widen, Conversion};
 use crate::{Element, ImportOptions, ImportProgress, ImportReport, Layout, Phase};
 use gear_api::{ReplayTable, StepValue};
@@ -96,7 +96,11 @@ pub(crate) fn run(
         split_episodes: plan.split_episodes,
         steps: plan.steps,
         bytes: plan.steps * spec.step_bytes(),
-        columns: plan.bindings.iter().map(|b| (spec.columns()[b.column].name().to_owned(), b.dataset.clone())).collect(),
+        columns: plan
+            .bindings
+            .iter()
+            .map(|b| (spec.columns()[b.column].name().to_owned(), b.dataset.clone()))
+            .collect(),
         unused_datasets: plan.unused,
         dropped_final_observations: plan.dropped_final_observations,
         evicted: after.saturating_sub(before),
@@ -226,7 +230,7 @@ fn cut(
     table: &ReplayTable,
     options: &ImportOptions,
     episodes: &[(u64, u64)],
-) -> Result<(Vec<(usize, u64, u64)>, u64)> {
+) -> Result<(Vec<Chunk>, u64)> {
     let t = table.spec().max_len();
     let long: Vec<usize> = (0..episodes.len()).filter(|&i| episodes[i].1 > t).collect();
     if let (Some(&i), false) = (long.first(), options.split_long_episodes) {
@@ -367,7 +371,10 @@ fn pass(
                 Conversion::Widen { from, to } => widen(&raw, from, to, out),
             }
             if out.len() != w.rows as usize * b.step_bytes {
-                return Err(source.ds_err(&d.name, format!("rows convert to {} bytes, expected {}", out.len(), w.rows as usize * b.step_bytes)));
+                return Err(source.ds_err(
+                    &d.name,
+                    format!("rows convert to {} bytes, expected {}", out.len(), w.rows as usize * b.step_bytes),
+                ));
             }
             if table.is_none() && b.element == Element::Gear(DType::Bool) {
                 if let Some(i) = out.iter().position(|&v| v > 1) {

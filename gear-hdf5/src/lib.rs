@@ -73,6 +73,8 @@
 //! hdf5-pure's `FileBuilder` writes a file from datasets it holds. See
 //! [`export`].
 
+#![warn(missing_docs)]
+
 mod error;
 mod export;
 mod import;

@@ -85,7 +85,9 @@ impl Source {
             }
         };
         match found {
-            Layout::D4rl if !d4rl => return Err(err("not the D4RL layout: no top-level dataset `observations`".into())),
+            Layout::D4rl if !d4rl => {
+                return Err(err("not the D4RL layout: no top-level dataset `observations`".into()))
+            }
             Layout::Minari if episodes.is_empty() => {
                 return Err(err("not the Minari layout: no `episode_<id>` groups".into()))
             }
@@ -133,7 +135,9 @@ impl Source {
     }
 
     fn walk(&self, g: &Group, prefix: &str, out: &mut Vec<String>) -> Result<()> {
-        let e = |e: hdf5_pure::Error| self.ds_err(if prefix.is_empty() { "/" } else { prefix }, format!("cannot list: {e}"));
+        let e = |e: hdf5_pure::Error| {
+            self.ds_err(if prefix.is_empty() { "/" } else { prefix }, format!("cannot list: {e}"))
+        };
         for d in g.datasets().map_err(e)? {
             out.push(format!("{prefix}{d}"));
         }
@@ -150,10 +154,9 @@ impl Source {
     /// Rows `start..start + count` of `d`, little-endian, checked to be
     /// whole rows.
     pub fn read_rows(&self, d: &Opened, start: u64, count: u64) -> Result<Vec<u8>> {
-        let mut bytes = d
-            .ds
-            .read_raw_rows(start, count)
-            .map_err(|e| self.ds_err(&d.name, format!("cannot read rows {start}..{}: {e}", start + count)))?;
+        let mut bytes =
+            d.ds.read_raw_rows(start, count)
+                .map_err(|e| self.ds_err(&d.name, format!("cannot read rows {start}..{}: {e}", start + count)))?;
         let expected = count as usize * d.row_bytes();
         if bytes.len() != expected {
             return Err(self.ds_err(
@@ -170,7 +173,9 @@ impl Source {
     /// The rows of `d` whose value is nonzero, read `window` rows at a time.
     pub fn set_rows(&self, d: &Opened, window: u64) -> Result<Vec<u64>> {
         if d.row_bytes() != d.ty.element.size() {
-            return Err(self.ds_err(&d.name, format!("has shape {:?} per row; a flag has one value per row", d.step_shape)));
+            return Err(
+                self.ds_err(&d.name, format!("has shape {:?} per row; a flag has one value per row", d.step_shape))
+            );
         }
         let mut out = Vec::new();
         let mut start = 0;
@@ -206,9 +211,11 @@ pub(crate) fn d4rl_episodes(rows: u64, ends: &[u64]) -> Vec<(u64, u64)> {
     out
 }
 
-/// Cuts episodes into trajectories of at most `max_len` steps:
-/// `(episode index, first row, steps)`.
-pub(crate) fn chunks(episodes: &[(u64, u64)], max_len: u64) -> Vec<(usize, u64, u64)> {
+/// One trajectory of an import: `(episode index, first row, steps)`.
+pub(crate) type Chunk = (usize, u64, u64);
+
+/// Cuts episodes into trajectories of at most `max_len` steps.
+pub(crate) fn chunks(episodes: &[(u64, u64)], max_len: u64) -> Vec<Chunk> {
     let mut out = Vec::new();
     for (i, &(start, len)) in episodes.iter().enumerate() {
         let mut done = 0;

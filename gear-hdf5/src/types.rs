@@ -71,7 +71,10 @@ pub(crate) fn source_type(dt: &Datatype) -> Result<SourceType, String> {
     match dt {
         Datatype::FixedPoint { size, byte_order, layout } => {
             if layout.bit_offset != 0 || u32::from(layout.bit_precision) != size * 8 {
-                return Err(format!("a {size}-byte integer with {} bits of precision is not supported", layout.bit_precision));
+                return Err(format!(
+                    "a {size}-byte integer with {} bits of precision is not supported",
+                    layout.bit_precision
+                ));
             }
             let element = match (size, layout.signed) {
                 (1, false) => Element::Gear(DType::U8),
@@ -254,10 +257,10 @@ mod tests {
 
     #[test]
     fn only_lossless_conversions() {
-        assert_eq!(conversion(Element::Gear(DType::Bool), DType::U8), Some(Conversion::Widen {
-            from: Element::Gear(DType::Bool),
-            to: DType::U8
-        }));
+        assert_eq!(
+            conversion(Element::Gear(DType::Bool), DType::U8),
+            Some(Conversion::Widen { from: Element::Gear(DType::Bool), to: DType::U8 })
+        );
         assert_eq!(conversion(Element::Gear(DType::F64), DType::F32), None);
         assert_eq!(conversion(Element::Gear(DType::U8), DType::Bool), None);
         assert_eq!(conversion(Element::Gear(DType::I32), DType::F32), None);

@@ -15,7 +15,8 @@ fn import_sample_export_is_byte_for_byte() {
     write_d4rl(&src);
     let table = ReplayTable::builder(d4rl_spec(50, 100)).build().unwrap();
     let mut calls = Vec::new();
-    let report = gear_hdf5::import_with_progress(&table, &src, &ImportOptions::default(), &mut |p| calls.push(p)).unwrap();
+    let report =
+        gear_hdf5::import_with_progress(&table, &src, &ImportOptions::default(), &mut |p| calls.push(p)).unwrap();
     assert_eq!(report.layout, Layout::D4rl);
     assert_eq!(report.episodes, 6);
     // 90 -> 50 + 40, 60 -> 50 + 10.

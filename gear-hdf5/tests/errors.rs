@@ -123,14 +123,20 @@ fn episodes_and_lengths_that_do_not_fit() {
     infos.create_dataset("qpos").with_f64_data(&vec![0.0; 2 * n as usize]).with_shape(&[n, 2]);
     fb.add_group(infos.finish());
     fb.write(&short).unwrap();
-    refused(&t, &short, &ImportOptions::default(), &["dataset `rewards` has 249 rows, `observations` has 250", "disagree"]);
+    refused(
+        &t,
+        &short,
+        &ImportOptions::default(),
+        &["dataset `rewards` has 249 rows, `observations` has 250", "disagree"],
+    );
 
     // No terminals: no episode ends.
     let mut fb = FileBuilder::new();
     fb.create_dataset("observations").with_f32_data(&[0.0; 6]).with_shape(&[2, 3]);
     let bare = dir.join("bare.hdf5");
     fb.write(&bare).unwrap();
-    let obs_only = loaded(&dir, TableSpec::new(vec![ColumnSpec::new("observations", DType::F32, vec![3])], 5, 5).unwrap());
+    let obs_only =
+        loaded(&dir, TableSpec::new(vec![ColumnSpec::new("observations", DType::F32, vec![3])], 5, 5).unwrap());
     refused(&obs_only, &bare, &ImportOptions::default(), &["dataset `terminals`: missing"]);
 }
 

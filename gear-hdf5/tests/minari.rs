@@ -43,7 +43,8 @@ fn import_sample_export_is_byte_for_byte() {
     }
 
     let out = dir.join("out.hdf5");
-    let e = gear_hdf5::export(&table, &out, &ExportOptions { layout: Layout::Minari, ..ExportOptions::default() }).unwrap();
+    let e =
+        gear_hdf5::export(&table, &out, &ExportOptions { layout: Layout::Minari, ..ExportOptions::default() }).unwrap();
     // The split episode is one group again.
     assert_eq!((e.trajectories, e.episodes), (5, 3));
     assert_same_datasets(&src, &out);
@@ -62,9 +63,13 @@ fn without_a_next_column_the_final_observation_is_dropped() {
     let table = ReplayTable::builder(minari_spec(false)).build().unwrap();
     let r = gear_hdf5::import(&table, &src, &ImportOptions::default()).unwrap();
     assert_eq!(r.dropped_final_observations, 3);
-    let e = gear_hdf5::export(&table, &dir.join("x.hdf5"), &ExportOptions { layout: Layout::Minari, ..ExportOptions::default() })
-        .unwrap_err()
-        .to_string();
+    let e = gear_hdf5::export(
+        &table,
+        &dir.join("x.hdf5"),
+        &ExportOptions { layout: Layout::Minari, ..ExportOptions::default() },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("final observation"), "{e}");
     // As D4RL it exports.
     gear_hdf5::export(&table, &dir.join("d.hdf5"), &ExportOptions::default()).unwrap();

@@ -62,7 +62,13 @@ impl ReplayTable {
     /// copy): `out` then holds nothing usable. An `out` whose length is not
     /// a whole number of steps, or steps past the trajectory's length, are
     /// errors.
-    pub fn read_trajectory(&self, key: SlotKey, column: impl ColumnId, first_step: u64, out: &mut [u8]) -> Result<bool> {
+    pub fn read_trajectory(
+        &self,
+        key: SlotKey,
+        column: impl ColumnId,
+        first_step: u64,
+        out: &mut [u8],
+    ) -> Result<bool> {
         let c = column.index_in(self.spec())?;
         match self.shared.region.read_steps(key, c, first_step, out) {
             Ok(intact) => Ok(intact),
