@@ -46,7 +46,8 @@ pub use error::{Error, Result};
 pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
 pub use table::{
-    latest_checkpoint, AttachOptions, CheckpointReport, PoolConfig, ReplayTable, SlotCounts, TableBuilder, TableInfo,
+    latest_checkpoint, AttachOptions, CheckpointReport, CommittedTrajectory, PoolConfig, ReplayTable, SlotCounts,
+    TableBuilder, TableInfo,
 };
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 

@@ -9,6 +9,7 @@ mod cluster_bench;
 mod cluster_config;
 mod config;
 mod demo;
+mod import;
 mod persist;
 mod progress;
 
@@ -109,6 +110,12 @@ enum Command {
         #[arg(long)]
         cluster: PathBuf,
     },
+    /// Imports an HDF5 dataset (D4RL or Minari layout) into the table a
+    /// config names: the served one, or a new one written to --checkpoint.
+    Import(import::ImportArgs),
+    /// Exports a table's committed trajectories to an HDF5 file (D4RL or
+    /// Minari layout).
+    Export(import::ExportArgs),
     #[command(hide = true)]
     DemoActor {
         #[arg(long)]
@@ -318,6 +325,8 @@ fn main() -> ExitCode {
         }
         Command::Serve { config, seconds, persistence } => serve(&config, seconds, &persistence),
         Command::ClusterInfo { cluster } => crate::cluster_config::cluster_info(&cluster),
+        Command::Import(args) => return import::import(&args),
+        Command::Export(args) => return import::export(&args),
         Command::DemoActor { table, id, seconds, seed } => crate::demo::actor_process(&table, id, seconds, seed),
         Command::DemoTrainer { table, seconds, batch, window } => {
             crate::demo::trainer_process(&table, seconds, batch, window)

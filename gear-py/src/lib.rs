@@ -18,6 +18,7 @@ mod cuda;
 mod dlpack;
 mod dtype;
 pub mod error;
+mod hdf5;
 mod sampler;
 mod table;
 mod wait;
@@ -49,6 +50,8 @@ fn _gear(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "cuda")]
     m.add_class::<cuda::CudaSampler>()?;
     m.add_function(wrap_pyfunction!(sequence_priority, m)?)?;
+    m.add_function(wrap_pyfunction!(hdf5::import_hdf5, m)?)?;
+    m.add_function(wrap_pyfunction!(hdf5::export_hdf5, m)?)?;
     m.add("GearError", py.get_type::<error::GearError>())?;
     m.add("ClosedError", py.get_type::<error::ClosedError>())?;
     m.add("TimeoutError", py.get_type::<error::TimeoutError>())?;

@@ -141,7 +141,7 @@ fn infos_of(spec: &TableSpec) -> Arc<[ColumnInfo]> {
 /// `name` so other processes can `Table.attach(name)`.
 #[pyclass(module = "gear._gear", frozen)]
 pub struct Table {
-    inner: ReplayTable,
+    pub(crate) inner: ReplayTable,
     infos: Arc<[ColumnInfo]>,
 }
 

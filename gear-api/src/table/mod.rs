@@ -50,6 +50,7 @@ mod builder;
 pub mod checkpoint;
 #[cfg(feature = "cuda")]
 mod device;
+mod export;
 mod insert;
 mod select;
 mod shared;
@@ -60,6 +61,7 @@ use builder::{policy, StrategyChoice};
 pub use checkpoint::{latest_checkpoint, CheckpointReport};
 #[cfg(feature = "cuda")]
 pub(crate) use device::{DeviceCursor, DeviceSlot};
+pub use export::CommittedTrajectory;
 pub(crate) use select::Selection;
 
 use crate::error::Result;

@@ -36,6 +36,8 @@ from ._gear import (
     TimeoutError,
     Trajectory,
     Writer,
+    export_hdf5,
+    import_hdf5,
     sequence_priority,
 )
 
@@ -59,5 +61,7 @@ __all__ = [
     "TimeoutError",
     "Trajectory",
     "Writer",
+    "export_hdf5",
+    "import_hdf5",
     "sequence_priority",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import os
+
 import numpy as np
 import numpy.typing as npt
 
@@ -214,3 +216,22 @@ class CudaSampler:
 
 def sequence_priority(td_errors: ArrayLike, eta: float = 0.9) -> float:
     """R2D2 sequence priority: ``eta * max|d| + (1 - eta) * mean|d|``."""
+
+def import_hdf5(
+    table: Table,
+    path: str | os.PathLike[str],
+    layout: str | None = None,
+    mapping: dict[str, str] | None = None,
+    next_observations: str | None = None,
+    split_long_episodes: bool = True,
+) -> dict[str, Any]:
+    """Imports an HDF5 file (D4RL or Minari layout) into ``table``; returns a report."""
+
+def export_hdf5(
+    table: Table,
+    path: str | os.PathLike[str],
+    layout: str = "d4rl",
+    rename: dict[str, str] | None = None,
+    deflate: int | None = None,
+) -> dict[str, Any]:
+    """Writes ``table``'s committed trajectories to an HDF5 file; returns a report."""
