@@ -51,6 +51,7 @@ pub mod checkpoint;
 #[cfg(feature = "cuda")]
 mod device;
 mod insert;
+pub mod ranges;
 mod select;
 mod shared;
 
