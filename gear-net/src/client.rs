@@ -34,6 +34,9 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+mod data_plane;
+pub use data_plane::{DataPlane, MAX_READ_ATTEMPTS};
+
 type Grpc = GrpcShardClient<InterceptedService<Channel, TokenAttach>>;
 
 /// A key of a cluster: the shard, the shard's incarnation, and the slot key.
@@ -76,6 +79,8 @@ pub struct ClusterConfig {
     pub max_message_bytes: usize,
     /// Seed of the row allocation.
     pub seed: u64,
+    /// How sampled windows travel (default [`DataPlane::Auto`]).
+    pub data_plane: DataPlane,
 }
 
 impl ClusterConfig {
@@ -88,6 +93,7 @@ impl ClusterConfig {
             connect_timeout: Duration::from_secs(1),
             max_message_bytes: crate::server::DEFAULT_MAX_MESSAGE_BYTES as usize,
             seed: 0,
+            data_plane: DataPlane::default(),
         }
     }
 }
@@ -171,6 +177,8 @@ pub struct ClusterClient {
     /// The strategy's importance exponent, asked once (again after a
     /// shard rejoins).
     beta: Mutex<Option<f64>>,
+    /// The transport of the byte-range data plane, once made.
+    data_plane: Mutex<data_plane::DataPlaneState>,
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -229,6 +237,7 @@ impl ClusterClient {
             rng: Mutex::new(rng),
             next_writer: Mutex::new(0),
             beta: Mutex::new(None),
+            data_plane: Mutex::default(),
         })
     }
 
@@ -280,6 +289,9 @@ impl ClusterClient {
     /// Draws one batch across every live shard with one table's
     /// distribution (see the module doc).
     pub fn sample(&self, request: &ClusterSample) -> Result<ClusterBatch> {
+        if self.byte_range_plane() {
+            return self.sample_by_ranges(request);
+        }
         let mut batch = ClusterBatch::default();
         // Every shard's size and mass, asked at once.
         let infos = self.runtime.block_on(async {
@@ -605,6 +617,7 @@ fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration) -> Samp
         columns: request.columns.clone(),
         // The shard gives up waiting a little before the client's deadline.
         timeout_ms: (timeout.as_millis() as u64).saturating_mul(3) / 4,
+        ranges: false,
     }
 }
 

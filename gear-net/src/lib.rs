@@ -23,6 +23,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod connect;
 pub mod convert;
 pub mod error;
 pub mod server;
@@ -34,7 +35,8 @@ pub mod proto {
 }
 
 pub use client::{
-    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, LostShard, RemoteKey, RemoteTrajectory, WriteTarget,
+    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard, RemoteKey, RemoteTrajectory,
+    WriteTarget,
 };
 pub use error::{Error, Result};
-pub use server::{ServerConfig, ServerHandle, ShardService, StrategyInfo};
+pub use server::{DataPlaneServer, ServerConfig, ServerHandle, ShardService, StrategyInfo};
