@@ -6,7 +6,7 @@
 use crate::bench::BenchConfig;
 use gear_api::{Error, Result};
 use gear_core::WindowSpec;
-use gear_net::{ClusterClient, ClusterConfig, ClusterSample, RemoteTrajectory, WriteTarget};
+use gear_net::{ClusterClient, ClusterConfig, ClusterSample, DataPlane, RemoteTrajectory, WriteTarget};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -29,6 +29,23 @@ pub struct ClusterBenchReport {
     pub sample_gb_per_s: f64,
     /// A plain TCP loopback stream of the sampled bytes.
     pub tcp_sample_gb_per_s: f64,
+    /// How the sampled windows travelled (`--data-plane`).
+    pub data_plane: String,
+    /// Remote sampling: batches per second.
+    pub sample_batches_per_s: f64,
+}
+
+/// Parses `--data-plane`: `gather` (each shard gathers its rows),
+/// `byte-range` (the trainer reads byte ranges: RDMA where it runs, else
+/// TCP), `byte-range-tcp`, or `auto` (the client's default).
+pub fn parse_data_plane(s: &str) -> std::result::Result<DataPlane, String> {
+    match s {
+        "gather" => Ok(DataPlane::ShardGather),
+        "byte-range" => Ok(DataPlane::ByteRange),
+        "byte-range-tcp" => Ok(DataPlane::ByteRangeTcp),
+        "auto" => Ok(DataPlane::Auto),
+        other => Err(format!("data plane `{other}`: expected gather, byte-range, byte-range-tcp or auto")),
+    }
 }
 
 fn net(e: gear_net::Error) -> Error {
@@ -101,7 +118,7 @@ fn tcp_stream_gb_per_s(total: u64, chunk: usize) -> Result<f64> {
 pub const MAX_BENCH_SHARDS: usize = 64;
 
 /// Runs the cluster bench.
-pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchReport> {
+pub fn run_cluster_bench(c: &BenchConfig, shards: usize, data_plane: DataPlane) -> Result<ClusterBenchReport> {
     if shards > MAX_BENCH_SHARDS {
         return Err(Error::Config(format!(
             "--shards {shards} is above the {MAX_BENCH_SHARDS} shard servers one bench starts on one machine"
@@ -182,7 +199,9 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchR
     let insert_bytes = inserted * trajectory_bytes;
     let tcp_insert = tcp_stream_gb_per_s(insert_bytes, (16 * trajectory_bytes) as usize)?;
 
-    let client = ClusterClient::new(ClusterConfig::new(addrs, token)).map_err(net)?;
+    let mut config = ClusterConfig::new(addrs, token);
+    config.data_plane = data_plane;
+    let client = ClusterClient::new(config).map_err(net)?;
     let window = if c.window_len == 0 { c.steps } else { c.window_len };
     let request = ClusterSample { rows: c.batch as u64, window: WindowSpec::last(window), columns: vec![] };
     client.sample(&request).map_err(net)?;
@@ -207,5 +226,10 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize) -> Result<ClusterBenchR
         tcp_insert_gb_per_s: tcp_insert,
         sample_gb_per_s: sample_bytes as f64 / sample_secs / 1e9,
         tcp_sample_gb_per_s: tcp_sample,
+        data_plane: match client.data_plane_kind() {
+            Some(kind) => format!("byte-range over {}", kind.name()),
+            None => "shard-gather".into(),
+        },
+        sample_batches_per_s: c.batches as f64 / sample_secs,
     })
 }
