@@ -35,7 +35,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 mod data_plane;
-pub use data_plane::{DataPlane, MAX_READ_ATTEMPTS};
+pub use data_plane::{DataPlane, AUTO_TCP_RANGE_MIN_BYTES, MAX_READ_ATTEMPTS};
 
 type Grpc = GrpcShardClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -289,7 +289,7 @@ impl ClusterClient {
     /// Draws one batch across every live shard with one table's
     /// distribution (see the module doc).
     pub fn sample(&self, request: &ClusterSample) -> Result<ClusterBatch> {
-        if self.byte_range_plane() {
+        if self.byte_range_plane(request) {
             return self.sample_by_ranges(request);
         }
         let mut batch = ClusterBatch::default();

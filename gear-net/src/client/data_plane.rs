@@ -46,12 +46,20 @@ pub enum DataPlane {
     ByteRange,
     /// As [`DataPlane::ByteRange`], over TCP even where RDMA could run.
     ByteRangeTcp,
-    /// RDMA byte ranges where RDMA can run; otherwise shard-gather, which
-    /// was measured faster than byte ranges over TCP (docs/PERFORMANCE.md,
-    /// "Data plane: shard-gather vs byte-range over TCP").
+    /// RDMA byte ranges where RDMA can run. Over TCP, byte ranges for
+    /// batches of at least [`AUTO_TCP_RANGE_MIN_BYTES`] and shard-gather
+    /// for smaller ones, the faster of the two at each size as measured
+    /// (docs/PERFORMANCE.md, "Data plane: shard-gather vs byte-range over
+    /// TCP").
     #[default]
     Auto,
 }
+
+/// Under [`DataPlane::Auto`] over TCP, batches of at least this many bytes
+/// are read as byte ranges, smaller ones gathered by the shards: byte
+/// ranges cost two more round trips per batch and win only once the copies
+/// they save outweigh them (about 8 MiB per batch on the measuring machine).
+pub const AUTO_TCP_RANGE_MIN_BYTES: u64 = 12 << 20;
 
 /// A heap buffer reads land in.
 struct HeapBuffer(Box<[u64]>);
@@ -87,6 +95,10 @@ pub(super) struct DataPlaneState {
     transport: Option<Box<dyn Transport>>,
     buffer: Option<(Arc<HeapBuffer>, LocalBuffer)>,
     connections: Vec<Option<Connection>>,
+    /// The table spec, asked once (every shard of a table has the same).
+    spec: Option<TableSpec>,
+    /// Whether a transport was tried (made once, on the first sample).
+    tried: bool,
 }
 
 /// One row of the batch being read.
@@ -145,22 +157,54 @@ impl Placement {
 }
 
 impl ClusterClient {
-    /// Whether `sample` goes through a transport, making it on first use.
-    /// `Auto` takes RDMA where it can run and shard-gather otherwise.
-    pub(super) fn byte_range_plane(&self) -> bool {
-        let mut st = self.data_plane.lock();
-        if st.transport.is_some() {
+    /// Whether `sample` of `request` goes through a transport, making the
+    /// transport on first use (see [`DataPlane`]).
+    pub(super) fn byte_range_plane(&self, request: &ClusterSample) -> bool {
+        let kind = {
+            let mut st = self.data_plane.lock();
+            if !st.tried {
+                st.tried = true;
+                st.transport = match self.config.data_plane {
+                    DataPlane::ShardGather => None,
+                    DataPlane::ByteRangeTcp => self.tcp_transport(),
+                    DataPlane::ByteRange | DataPlane::Auto => self.rdma_transport().or_else(|| self.tcp_transport()),
+                };
+                st.connections = (0..self.shards.len()).map(|_| None).collect();
+            }
+            match st.transport.as_ref() {
+                Some(t) => t.kind(),
+                None => return false,
+            }
+        };
+        if self.config.data_plane != DataPlane::Auto || kind != gear_core::TransportKind::Tcp {
             return true;
         }
-        let made: Option<Box<dyn Transport>> = match self.config.data_plane {
-            DataPlane::ShardGather => None,
-            DataPlane::ByteRangeTcp => self.tcp_transport(),
-            DataPlane::ByteRange => self.rdma_transport().or_else(|| self.tcp_transport()),
-            DataPlane::Auto => self.rdma_transport(),
-        };
-        st.transport = made;
-        st.connections = (0..self.shards.len()).map(|_| None).collect();
-        st.transport.is_some()
+        self.batch_bytes(request).is_some_and(|b| b >= AUTO_TCP_RANGE_MIN_BYTES)
+    }
+
+    /// Bytes of one batch of `request` (`None` if the spec cannot be had).
+    fn batch_bytes(&self, request: &ClusterSample) -> Option<u64> {
+        let spec = self.cached_spec().ok()?;
+        let mut row = 0u64;
+        for c in spec.columns() {
+            if request.columns.is_empty() || request.columns.iter().any(|n| n == c.name()) {
+                row = row.checked_add(c.step_bytes().ok()?.checked_mul(request.window.len)?)?;
+            }
+        }
+        row.checked_mul(request.rows)
+    }
+
+    /// The table spec, asked once.
+    fn cached_spec(&self) -> Result<TableSpec> {
+        let cached = self.data_plane.lock().spec.clone();
+        match cached {
+            Some(spec) => Ok(spec),
+            None => {
+                let (spec, _) = self.spec_of_any()?;
+                self.data_plane.lock().spec = Some(spec.clone());
+                Ok(spec)
+            }
+        }
     }
 
     fn rdma_transport(&self) -> Option<Box<dyn Transport>> {
@@ -189,7 +233,8 @@ impl ClusterClient {
         }
     }
 
-    /// The transport's kind, once `sample` made one.
+    /// The kind of the transport byte-range sampling uses, once the first
+    /// `sample` made it (`None`: shard-gather only).
     pub fn data_plane_kind(&self) -> Option<gear_core::TransportKind> {
         self.data_plane.lock().transport.as_ref().map(|t| t.kind())
     }
@@ -259,7 +304,7 @@ impl ClusterClient {
     /// [`ClusterClient::sample`] over the transport (module docs).
     pub(super) fn sample_by_ranges(&self, request: &ClusterSample) -> Result<ClusterBatch> {
         let mut batch = ClusterBatch::default();
-        let (spec, _) = self.spec_of_any()?;
+        let spec = self.cached_spec()?;
         let columns: Vec<usize> = if request.columns.is_empty() {
             (0..spec.columns().len()).collect()
         } else {
