@@ -211,3 +211,26 @@ fn auto_selection_samples_without_rdma() {
     check_rows(&ranged.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap(), window, 16);
     assert_eq!(ranged.data_plane_kind(), Some(gear_core::TransportKind::Tcp));
 }
+
+#[test]
+fn a_stopped_shard_is_left_out_and_reported() {
+    let tables: Vec<ReplayTable> = (0..3u8)
+        .map(|s| {
+            let t = ReplayTable::builder(spec(3, 8)).seed(u64::from(s)).build().unwrap();
+            for i in 1..=3u8 {
+                insert(&t, 10 * s + i, u64::from(i));
+            }
+            t
+        })
+        .collect();
+    let mut servers = serve(&tables);
+    let cluster = client(&servers, DataPlane::ByteRangeTcp);
+    let window = WindowSpec::last(3);
+    let request = ClusterSample { rows: 24, window, columns: vec![] };
+    check_rows(&cluster.sample(&request).unwrap(), window, 24);
+    servers.remove(1).stop().unwrap();
+    let batch = cluster.sample(&request).unwrap();
+    assert!(batch.lost.iter().any(|l| l.shard == 1), "{:?}", batch.lost);
+    check_rows(&batch, window, 24);
+    assert!(batch.keys.iter().all(|k| k.shard != 1));
+}

@@ -322,6 +322,9 @@ impl ClusterClient {
         self.ensure_buffer(&mut st, place.bytes())?;
         let mut rows: Vec<Row> = Vec::with_capacity(request.rows as usize);
         let mut remaining = request.rows;
+        // Set when a lost shard's rows were taken out: the rows after them
+        // moved to other places in the buffer and are read again.
+        let mut shifted = false;
         for _round in 0..self.shards.len() {
             let total: f64 = masses.iter().sum();
             if remaining == 0 {
@@ -332,7 +335,7 @@ impl ClusterClient {
             }
             let counts = self.allocate(&masses, remaining);
             let counts: Vec<(usize, u64)> = counts.into_iter().enumerate().filter(|&(_, n)| n > 0).collect();
-            let first = rows.len();
+            let first = if std::mem::take(&mut shifted) { 0 } else { rows.len() };
             let lose = |s: usize, reason: String, masses: &mut Vec<f64>, batch: &mut ClusterBatch| {
                 self.mark_lost(s, &reason);
                 batch.lost.push(LostShard { shard: s, reason });
@@ -360,6 +363,7 @@ impl ClusterClient {
                 let before = rows.len();
                 rows.retain(|r| r.shard != s);
                 remaining += (before - rows.len()) as u64;
+                shifted = true;
                 lose(s, reason, &mut masses, &mut batch);
             }
         }
