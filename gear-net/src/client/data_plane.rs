@@ -32,6 +32,9 @@ use crate::connect::{remote_from_reply, request_from_endpoint};
 use crate::error::{Error, Result};
 use crate::proto::{InfoRequest, RowRange, SampleReply};
 
+/// The largest batch read by byte ranges (its buffer is allocated whole).
+pub const MAX_RANGE_BATCH_BYTES: u64 = 4 << 30;
+
 /// Draws of a torn row before a batch gives up.
 pub const MAX_READ_ATTEMPTS: usize = 8;
 
@@ -176,22 +179,34 @@ impl ClusterClient {
                 None => return false,
             }
         };
+        // A request the shards would refuse goes the gather way, so it is
+        // refused exactly as there (and sizes no buffer here).
+        let Some(bytes) = self.batch_bytes(request) else { return false };
         if self.config.data_plane != DataPlane::Auto || kind != gear_core::TransportKind::Tcp {
             return true;
         }
-        self.batch_bytes(request).is_some_and(|b| b >= AUTO_TCP_RANGE_MIN_BYTES)
+        bytes >= AUTO_TCP_RANGE_MIN_BYTES
     }
 
-    /// Bytes of one batch of `request` (`None` if the spec cannot be had).
+    /// Bytes of one batch of `request`; `None` if the spec cannot be had or
+    /// the request is not valid for it (rows, window, column names).
     fn batch_bytes(&self, request: &ClusterSample) -> Option<u64> {
         let spec = self.cached_spec().ok()?;
+        if request.rows == 0 || request.rows > crate::convert::MAX_SAMPLE_ROWS {
+            return None;
+        }
+        request.window.validate(spec.max_len()).ok()?;
+        if request.columns.iter().any(|n| spec.column_index(n).is_err()) {
+            return None;
+        }
         let mut row = 0u64;
         for c in spec.columns() {
             if request.columns.is_empty() || request.columns.iter().any(|n| n == c.name()) {
                 row = row.checked_add(c.step_bytes().ok()?.checked_mul(request.window.len)?)?;
             }
         }
-        row.checked_mul(request.rows)
+        // Larger batches go the gather way, whose message limit refuses them.
+        row.checked_mul(request.rows).filter(|&b| b <= MAX_RANGE_BATCH_BYTES)
     }
 
     /// The table spec, asked once.
