@@ -226,7 +226,7 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize, data_plane: DataPlane) 
         tcp_insert_gb_per_s: tcp_insert,
         sample_gb_per_s: sample_bytes as f64 / sample_secs / 1e9,
         tcp_sample_gb_per_s: tcp_sample,
-        data_plane: match client.data_plane_kind() {
+        data_plane: match client.data_plane_for(&request) {
             Some(kind) => format!("byte-range over {}", kind.name()),
             None => "shard-gather".into(),
         },

@@ -248,6 +248,16 @@ impl ClusterClient {
         }
     }
 
+    /// How `sample(request)` moves the windows: `Some(kind)` when by byte
+    /// ranges over that transport, `None` when the shards gather them.
+    pub fn data_plane_for(&self, request: &ClusterSample) -> Option<gear_core::TransportKind> {
+        if self.byte_range_plane(request) {
+            self.data_plane_kind()
+        } else {
+            None
+        }
+    }
+
     /// The kind of the transport byte-range sampling uses, once the first
     /// `sample` made it (`None`: shard-gather only).
     pub fn data_plane_kind(&self) -> Option<gear_core::TransportKind> {
