@@ -206,6 +206,8 @@ fn auto_selection_samples_without_rdma() {
     // No RDMA device here: Auto falls back to TCP (and gathers batches this
     // small on the shards).
     assert_eq!(cluster.data_plane_kind(), Some(gear_core::TransportKind::Tcp));
+    let small = ClusterSample { rows: 16, window, columns: vec![] };
+    assert_eq!(cluster.data_plane_for(&small), None, "a small batch is gathered by the shards");
     // ByteRange asks for RDMA and falls back to TCP byte ranges.
     let ranged = client(&servers, DataPlane::ByteRange);
     check_rows(&ranged.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap(), window, 16);
