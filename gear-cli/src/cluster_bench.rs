@@ -6,7 +6,7 @@
 use crate::bench::BenchConfig;
 use gear_api::{Error, Result};
 use gear_core::WindowSpec;
-use gear_net::{ClusterClient, ClusterConfig, ClusterSample, RemoteTrajectory, WriteTarget};
+use gear_net::{ClusterClient, ClusterConfig, ClusterSample, DataPlane, RemoteTrajectory, WriteTarget};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -42,6 +42,23 @@ pub struct ClusterBenchReport {
     pub sample_cpu_s_per_gb: f64,
     /// CPU seconds per GB of the plain stream beside the samples.
     pub tcp_sample_cpu_s_per_gb: f64,
+    /// How the sampled windows travelled (`--data-plane`).
+    pub data_plane: String,
+    /// Remote sampling: batches per second.
+    pub sample_batches_per_s: f64,
+}
+
+/// Parses `--data-plane`: `gather` (each shard gathers its rows),
+/// `byte-range` (the trainer reads byte ranges: RDMA where it runs, else
+/// TCP), `byte-range-tcp`, or `auto` (the client's default).
+pub fn parse_data_plane(s: &str) -> std::result::Result<DataPlane, String> {
+    match s {
+        "gather" => Ok(DataPlane::ShardGather),
+        "byte-range" => Ok(DataPlane::ByteRange),
+        "byte-range-tcp" => Ok(DataPlane::ByteRangeTcp),
+        "auto" => Ok(DataPlane::Auto),
+        other => Err(format!("data plane `{other}`: expected gather, byte-range, byte-range-tcp or auto")),
+    }
 }
 
 /// CPU seconds of a clock (`CLOCK_THREAD_CPUTIME_ID`, `CLOCK_PROCESS_CPUTIME_ID`).
@@ -187,9 +204,14 @@ impl Drop for PlainStream {
 /// with its own table, so more only measures the machine running out.
 pub const MAX_BENCH_SHARDS: usize = 64;
 
-/// Runs the cluster bench.
-/// Progress lines go to stderr when `show_progress`.
-pub fn run_cluster_bench(c: &BenchConfig, shards: usize, show_progress: bool) -> Result<ClusterBenchReport> {
+/// Runs the cluster bench, sampling through `data_plane`; progress lines go
+/// to stderr when `show_progress`.
+pub fn run_cluster_bench(
+    c: &BenchConfig,
+    shards: usize,
+    data_plane: DataPlane,
+    show_progress: bool,
+) -> Result<ClusterBenchReport> {
     if shards > MAX_BENCH_SHARDS {
         return Err(Error::Config(format!(
             "--shards {shards} is above the {MAX_BENCH_SHARDS} shard servers one bench starts on one machine"
@@ -252,7 +274,9 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize, show_progress: bool) ->
     // (one insert stream per shard, all in flight together), then the
     // plain stream moves the same bytes. Interleaving the two keeps a
     // shared machine's changing load out of the ratio.
-    let client = ClusterClient::new(ClusterConfig::new(addrs, token)).map_err(net)?;
+    let mut config = ClusterConfig::new(addrs, token);
+    config.data_plane = data_plane;
+    let client = ClusterClient::new(config).map_err(net)?;
     let per_round = 16 * shards as u64;
     let mut plain = PlainStream::open((16 * trajectory_bytes) as usize)?;
     let (mut inserted, mut insert_secs, mut tcp_insert_secs) = (0u64, 0.0, 0.0);
@@ -310,5 +334,10 @@ pub fn run_cluster_bench(c: &BenchConfig, shards: usize, show_progress: bool) ->
         tcp_insert_cpu_s_per_gb: tcp_insert_cpu / (insert_bytes as f64 / 1e9),
         sample_cpu_s_per_gb: sample_cpu / (sample_bytes as f64 / 1e9),
         tcp_sample_cpu_s_per_gb: tcp_sample_cpu / (sample_bytes as f64 / 1e9),
+        data_plane: match client.data_plane_for(&request) {
+            Some(kind) => format!("byte-range over {}", kind.name()),
+            None => "shard-gather".into(),
+        },
+        sample_batches_per_s: c.batches as f64 / sample_secs,
     })
 }

@@ -90,6 +90,12 @@ enum Command {
         /// stream of the same bytes (0: the local bench).
         #[arg(long, default_value_t = 0)]
         shards: usize,
+        /// With --shards: how sampled windows travel: `gather` (each shard
+        /// gathers its rows), `byte-range` (the trainer reads byte ranges
+        /// of the shards' regions: RDMA where it runs, else TCP),
+        /// `byte-range-tcp`, or `auto`.
+        #[arg(long, default_value = "auto", value_parser = crate::cluster_bench::parse_data_plane)]
+        data_plane: gear_net::DataPlane,
     },
     /// Creates the shared table a TOML config describes and serves it until
     /// interrupted: reclaims dead writers' slots and prints its counters.
@@ -233,13 +239,16 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Bench { config, shards, json, .. } if shards > 0 => {
-            crate::cluster_bench::run_cluster_bench(&config, shards, !json).map(|r| {
+        Command::Bench { config, shards, json, data_plane, .. } if shards > 0 => {
+            crate::cluster_bench::run_cluster_bench(&config, shards, data_plane, !json).map(|r| {
                 if json {
                     println!("{}", serde_json::to_string(&r).expect("report serialises"));
                     return;
                 }
-                println!("{} shard servers on loopback, {} B per trajectory", r.shards, r.trajectory_bytes);
+                println!(
+                    "{} shard servers on loopback, {} B per trajectory, data plane {}",
+                    r.shards, r.trajectory_bytes, r.data_plane
+                );
                 println!(
                     "remote insert  {:8.3} GB/s ({:.0} traj/s)   plain TCP stream {:8.3} GB/s   ratio {:.2}",
                     r.insert_gb_per_s,
@@ -248,8 +257,9 @@ fn main() -> ExitCode {
                     r.insert_gb_per_s / r.tcp_insert_gb_per_s
                 );
                 println!(
-                    "remote sample  {:8.3} GB/s                      plain TCP stream {:8.3} GB/s   ratio {:.2}",
+                    "remote sample  {:8.3} GB/s ({:.0} batches/s)       plain TCP stream {:8.3} GB/s   ratio {:.2}",
                     r.sample_gb_per_s,
+                    r.sample_batches_per_s,
                     r.tcp_sample_gb_per_s,
                     r.sample_gb_per_s / r.tcp_sample_gb_per_s
                 );

@@ -1,7 +1,7 @@
 //! The transport traits: one-sided reads of byte ranges of a remote shard's
 //! region into local memory, the way RDMA READs work, with the TCP
 //! fallback behind the same interface. Implementations: RDMA in gear-rdma;
-//! TCP in the networking crate.
+//! TCP in gear-tcp.
 //!
 //! # How a read happens
 //!

@@ -40,6 +40,9 @@ mod spread;
 
 pub use insert::TRAJECTORIES_PER_STREAM;
 
+mod data_plane;
+pub use data_plane::{DataPlane, AUTO_TCP_RANGE_MIN_BYTES, MAX_READ_ATTEMPTS};
+
 type Grpc = GrpcShardClient<InterceptedService<ShardChannel, TokenAttach>>;
 
 /// A key of a cluster: the shard, the shard's incarnation, and the slot key.
@@ -87,6 +90,8 @@ pub struct ClusterConfig {
     pub free_space_refresh: Duration,
     /// TLS towards the shards (`None`: plain TCP).
     pub tls: Option<crate::tls::ClientTls>,
+    /// How sampled windows travel (default [`DataPlane::Auto`]).
+    pub data_plane: DataPlane,
 }
 
 impl ClusterConfig {
@@ -101,6 +106,7 @@ impl ClusterConfig {
             seed: 0,
             free_space_refresh: Duration::from_millis(500),
             tls: None,
+            data_plane: DataPlane::default(),
         }
     }
 }
@@ -193,6 +199,8 @@ pub struct ClusterClient {
     /// The strategy's importance exponent, asked once (again after a
     /// shard rejoins).
     beta: Mutex<Option<f64>>,
+    /// The transport of the byte-range data plane, once made.
+    data_plane: Mutex<data_plane::DataPlaneState>,
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -248,6 +256,7 @@ impl ClusterClient {
             next_writer: Mutex::new(0),
             free_space: Mutex::new(spread::FreeSpace::default()),
             beta: Mutex::new(None),
+            data_plane: Mutex::default(),
         })
     }
 
@@ -299,6 +308,9 @@ impl ClusterClient {
     /// Draws one batch across every live shard with one table's
     /// distribution (see the module doc).
     pub fn sample(&self, request: &ClusterSample) -> Result<ClusterBatch> {
+        if self.byte_range_plane(request) {
+            return self.sample_by_ranges(request);
+        }
         let mut batch = ClusterBatch::default();
         // Every shard's size and mass, asked at once.
         let infos = self.runtime.block_on(async {
@@ -595,6 +607,7 @@ fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration) -> Samp
         columns: request.columns.clone(),
         // The shard gives up waiting a little before the client's deadline.
         timeout_ms: (timeout.as_millis() as u64).saturating_mul(3) / 4,
+        ranges: false,
     }
 }
 

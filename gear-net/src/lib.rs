@@ -27,6 +27,7 @@ pub mod auth;
 mod channel;
 pub mod client;
 pub mod committed;
+pub mod connect;
 pub mod convert;
 pub mod error;
 mod pool;
@@ -40,8 +41,9 @@ pub mod proto {
 }
 
 pub use client::{
-    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, LostShard, RemoteKey, RemoteTrajectory, WriteTarget,
+    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard, RemoteKey, RemoteTrajectory,
+    WriteTarget,
 };
 pub use error::{Error, Result};
-pub use server::{ServerConfig, ServerHandle, ShardService, StrategyInfo};
+pub use server::{DataPlaneServer, ServerConfig, ServerHandle, ShardService, StrategyInfo};
 pub use tls::ClientTls;

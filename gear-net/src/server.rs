@@ -26,6 +26,9 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+mod data_plane;
+pub use data_plane::DataPlaneServer;
+
 /// Default limit on one message (a sample reply or an insert chunk).
 pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 256 << 20;
 
@@ -80,6 +83,8 @@ pub struct ShardService {
     samplers: Arc<Mutex<Vec<(SampleConfig, Sampler)>>>,
     /// Reply buffers reused between `Sample` calls.
     replies: Arc<BufferPool>,
+    /// The transport servers `Connect` and ranged samples use, if any.
+    data_plane: Option<Arc<DataPlaneServer>>,
 }
 
 /// Samplers cached at most (one per distinct request shape).
@@ -105,6 +110,7 @@ impl ShardService {
             limits: Limits::new(max_message_bytes),
             samplers: Arc::new(Mutex::new(Vec::new())),
             replies: Arc::new(BufferPool::default()),
+            data_plane: None,
         }
     }
 
@@ -175,6 +181,9 @@ impl Shard for ShardService {
     }
 
     async fn sample(&self, request: Request<SampleRequest>) -> std::result::Result<Response<SampleReply>, Status> {
+        if request.get_ref().ranges {
+            return self.sample_ranges(request.into_inner()).await;
+        }
         let req = request.into_inner();
         let (config, row_bytes) = self.limits.sample_config(self.table.spec(), &req)?;
         let (size, total_mass, min_mass) = self.masses()?;
@@ -209,6 +218,7 @@ impl Shard for ShardService {
                 size,
                 total_mass,
                 min_mass,
+                row_ranges: Vec::new(),
             };
             let mut pool = samplers.lock();
             if pool.len() < CACHED_SAMPLERS {
@@ -217,6 +227,13 @@ impl Shard for ShardService {
             Ok(Response::new(reply))
         })
         .await
+    }
+
+    async fn connect_data_plane(
+        &self,
+        request: Request<crate::proto::ConnectRequest>,
+    ) -> std::result::Result<Response<crate::proto::ConnectReply>, Status> {
+        self.accept_data_plane(request).await
     }
 
     async fn update_priorities(
@@ -324,12 +341,25 @@ impl ServerHandle {
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
-        let service = ShardService::new(table, config.shard, strategy, max);
+        let service = ShardService::new(table.clone(), config.shard, strategy, max);
+        let data_plane =
+            Arc::new(DataPlaneServer::start(&table, config.shard, service.incarnation(), local_addr.to_string())?);
+        let data_service = data_plane.tcp_service();
+        let service = service.with_data_plane(data_plane);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new().name("gear-grpc".into()).spawn(move || {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                // `Server::tcp_nodelay` only reaches sockets it accepts
+                // itself; set it on ours (small replies otherwise wait on
+                // delayed ACKs).
+                let incoming =
+                    tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |socket| {
+                        if let Ok(s) = &socket {
+                            let _ = s.set_nodelay(true);
+                        }
+                        socket
+                    });
                 let server = ShardServer::new(service)
                     .max_decoding_message_size(max as usize)
                     .max_encoding_message_size(max as usize);
@@ -340,6 +370,7 @@ impl ServerHandle {
                     // Large frames: fewer HTTP/2 frames per inserted trajectory.
                     .max_frame_size(Some((1 << 24) - 1))
                     .add_service(InterceptedService::new(server, TokenCheck::new(&token)))
+                    .add_service(InterceptedService::new(data_service, TokenCheck::new(&token)))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
                     })

@@ -52,6 +52,7 @@ pub mod checkpoint;
 mod device;
 mod export;
 mod insert;
+pub mod ranges;
 mod select;
 mod shared;
 

@@ -1,0 +1,668 @@
+//! Sampling through a transport: the shards draw (`Sample` with `ranges`)
+//! and the client reads the windows itself with one-sided reads of byte
+//! ranges of each shard's region, over gear-core's
+//! [`Transport`](gear_core::Transport) (RDMA from gear-rdma where it can
+//! run, else TCP from gear-tcp).
+//!
+//! Per batch: `Info` from every shard and the row allocation exactly as the
+//! shard-gather path does ([`ClusterClient::sample`]); a ranged `Sample` to
+//! every shard at once; reads posted to every shard before waiting on any;
+//! then a second post of the 8-byte generation word of every row, after
+//! the window bytes landed (the seqlock rule: bytes first, then the
+//! generation). A row whose generation changed was overwritten during the
+//! read: it is dropped and drawn again from the same shard, at most
+//! [`MAX_READ_ATTEMPTS`] times, then the batch fails. A shard whose call or
+//! reads fail is left out and reported, its rows drawn from the others.
+//!
+//! The batch buffers (every column of every row, then the generation
+//! words) are registered with the transport once and reused; the finished
+//! batch is copied out of them into [`ClusterBatch::columns`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gear_api::table::ranges::generation_of;
+use gear_core::{LocalBuffer, MemoryKind, MemoryRegion, ReadOp, RemoteAccess, RemoteHandle, TableSpec, Transport};
+
+use super::{
+    check_sample_reply, global_probability, sample_request, status, ClusterBatch, ClusterClient, ClusterSample,
+};
+use super::{LostShard, RemoteKey};
+use crate::connect::{remote_from_reply, request_from_endpoint};
+use crate::error::{Error, Result};
+use crate::proto::{InfoRequest, RowRange, SampleReply};
+
+/// The largest batch read by byte ranges (its buffer is allocated whole).
+pub const MAX_RANGE_BATCH_BYTES: u64 = 4 << 30;
+
+/// Draws of a torn row before a batch gives up.
+pub const MAX_READ_ATTEMPTS: usize = 8;
+
+/// How [`ClusterClient::sample`] moves the window bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DataPlane {
+    /// Each shard gathers its rows' windows and sends them in its `Sample`
+    /// reply.
+    ShardGather,
+    /// The shards only draw; the client reads the windows as byte ranges
+    /// over RDMA where it can run, else over TCP.
+    ByteRange,
+    /// As [`DataPlane::ByteRange`], over TCP even where RDMA could run.
+    ByteRangeTcp,
+    /// RDMA byte ranges where RDMA can run. Over TCP, byte ranges for
+    /// batches of at least [`AUTO_TCP_RANGE_MIN_BYTES`] and shard-gather
+    /// for smaller ones, the faster of the two at each size as measured
+    /// (docs/PERFORMANCE.md, "Data plane: shard-gather vs byte-range over
+    /// TCP").
+    #[default]
+    Auto,
+}
+
+/// Under [`DataPlane::Auto`] over TCP, batches of at least this many bytes
+/// are read as byte ranges, smaller ones gathered by the shards: byte
+/// ranges cost two more round trips per batch and win only once the copies
+/// they save outweigh them (about 8 MiB per batch on the measuring machine).
+pub const AUTO_TCP_RANGE_MIN_BYTES: u64 = 12 << 20;
+
+/// A heap buffer reads land in.
+struct HeapBuffer(Box<[u64]>);
+
+// SAFETY: the boxed slice lives as long as the value and `host_ptr` points
+// at its `len()` bytes, 8-byte aligned; the transport writes it only while
+// a ticket is in flight, and the client reads it only after every ticket
+// finished.
+unsafe impl MemoryRegion for HeapBuffer {
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+    fn len(&self) -> u64 {
+        self.0.len() as u64 * 8
+    }
+    fn alignment(&self) -> u64 {
+        8
+    }
+    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
+        std::ptr::NonNull::new(self.0.as_ptr() as *mut u8)
+    }
+}
+
+struct Connection {
+    incarnation: u64,
+    handle: RemoteHandle,
+}
+
+/// The client's transport state: the transport (made on first use), the
+/// registered batch buffer, and a connection per shard.
+#[derive(Default)]
+pub(super) struct DataPlaneState {
+    transport: Option<Box<dyn Transport>>,
+    buffer: Option<(Arc<HeapBuffer>, LocalBuffer)>,
+    connections: Vec<Option<Connection>>,
+    /// The table spec, asked once (every shard of a table has the same).
+    spec: Option<TableSpec>,
+    /// Whether a transport was tried (made once, on the first sample).
+    tried: bool,
+}
+
+/// One row of the batch being read.
+struct Row {
+    shard: usize,
+    key: RemoteKey,
+    len: u64,
+    start: u64,
+    p_local: f64,
+    mass: f64,
+    total: f64,
+    range: RowRange,
+}
+
+/// Where each column of row `r` and its generation word sit in the buffer.
+struct Placement {
+    step_bytes: Vec<u64>,
+    window: u64,
+    rows: u64,
+}
+
+impl Placement {
+    fn column_base(&self, c: usize) -> u64 {
+        self.step_bytes[..c].iter().map(|s| s * self.window * self.rows).sum()
+    }
+    fn generation_base(&self) -> u64 {
+        self.column_base(self.step_bytes.len())
+    }
+    fn bytes(&self) -> u64 {
+        self.generation_base() + 8 * self.rows
+    }
+    /// Read ops of row `r`'s windows, checked against the window first (the
+    /// ranges come from the network).
+    fn window_ops(&self, r: usize, row: &Row) -> std::result::Result<Vec<ReadOp>, String> {
+        let n = self.step_bytes.len();
+        if row.range.offsets.len() != n || row.range.lens.len() != n {
+            return Err(format!("{} ranges for {n} columns", row.range.offsets.len()));
+        }
+        if row.len.checked_add(row.range.dst_step).is_none_or(|e| e > self.window) {
+            return Err(format!(
+                "{} steps at row step {} overflow a window of {}",
+                row.len, row.range.dst_step, self.window
+            ));
+        }
+        (0..n)
+            .map(|c| {
+                let s = self.step_bytes[c];
+                if row.range.lens[c] != row.len * s {
+                    return Err(format!("column {c}: {} bytes for {} steps of {s}", row.range.lens[c], row.len));
+                }
+                let local = self.column_base(c) + (r as u64 * self.window + row.range.dst_step) * s;
+                Ok(ReadOp { remote_offset: row.range.offsets[c], local_offset: local, len: row.range.lens[c] })
+            })
+            .collect()
+    }
+}
+
+impl ClusterClient {
+    /// Whether `sample` of `request` goes through a transport, making the
+    /// transport on first use (see [`DataPlane`]).
+    pub(super) fn byte_range_plane(&self, request: &ClusterSample) -> bool {
+        let kind = {
+            let mut st = self.data_plane.lock();
+            if !st.tried {
+                st.tried = true;
+                st.transport = match self.config.data_plane {
+                    DataPlane::ShardGather => None,
+                    DataPlane::ByteRangeTcp => self.tcp_transport(),
+                    DataPlane::ByteRange | DataPlane::Auto => self.rdma_transport().or_else(|| self.tcp_transport()),
+                };
+                st.connections = (0..self.shards.len()).map(|_| None).collect();
+            }
+            match st.transport.as_ref() {
+                Some(t) => t.kind(),
+                None => return false,
+            }
+        };
+        // A request the shards would refuse goes the gather way, so it is
+        // refused exactly as there (and sizes no buffer here).
+        let Some(bytes) = self.batch_bytes(request) else { return false };
+        if self.config.data_plane != DataPlane::Auto || kind != gear_core::TransportKind::Tcp {
+            return true;
+        }
+        bytes >= AUTO_TCP_RANGE_MIN_BYTES
+    }
+
+    /// Bytes of one batch of `request`; `None` if the spec cannot be had or
+    /// the request is not valid for it (rows, window, column names).
+    fn batch_bytes(&self, request: &ClusterSample) -> Option<u64> {
+        let spec = self.cached_spec().ok()?;
+        if request.rows == 0 || request.rows > crate::convert::MAX_SAMPLE_ROWS {
+            return None;
+        }
+        request.window.validate(spec.max_len()).ok()?;
+        if request.columns.iter().any(|n| spec.column_index(n).is_err()) {
+            return None;
+        }
+        let mut row = 0u64;
+        for c in spec.columns() {
+            if request.columns.is_empty() || request.columns.iter().any(|n| n == c.name()) {
+                row = row.checked_add(c.step_bytes().ok()?.checked_mul(request.window.len)?)?;
+            }
+        }
+        // Larger batches go the gather way, whose message limit refuses them.
+        row.checked_mul(request.rows).filter(|&b| b <= MAX_RANGE_BATCH_BYTES)
+    }
+
+    /// The table spec, asked once.
+    fn cached_spec(&self) -> Result<TableSpec> {
+        let cached = self.data_plane.lock().spec.clone();
+        match cached {
+            Some(spec) => Ok(spec),
+            None => {
+                let (spec, _) = self.spec_of_any()?;
+                self.data_plane.lock().spec = Some(spec.clone());
+                Ok(spec)
+            }
+        }
+    }
+
+    fn rdma_transport(&self) -> Option<Box<dyn Transport>> {
+        match gear_rdma::device_transport(None, 1, 0, gear_rdma::RdmaConfig::default()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("gear-net: rdma data plane unavailable ({e})");
+                None
+            }
+        }
+    }
+
+    fn tcp_transport(&self) -> Option<Box<dyn Transport>> {
+        let config = gear_tcp::TcpConfig {
+            connect_timeout: self.config.connect_timeout,
+            call_timeout: self.config.call_timeout,
+            headers: vec![("authorization".into(), format!("Bearer {}", self.config.token))],
+            ..gear_tcp::TcpConfig::default()
+        };
+        match gear_tcp::TcpTransport::new(config) {
+            Ok(t) => Some(Box::new(t)),
+            Err(e) => {
+                eprintln!("gear-net: tcp data plane unavailable ({e})");
+                None
+            }
+        }
+    }
+
+    /// How `sample(request)` moves the windows: `Some(kind)` when by byte
+    /// ranges over that transport, `None` when the shards gather them.
+    pub fn data_plane_for(&self, request: &ClusterSample) -> Option<gear_core::TransportKind> {
+        if self.byte_range_plane(request) {
+            self.data_plane_kind()
+        } else {
+            None
+        }
+    }
+
+    /// The kind of the transport byte-range sampling uses, once the first
+    /// `sample` made it (`None`: shard-gather only).
+    pub fn data_plane_kind(&self) -> Option<gear_core::TransportKind> {
+        self.data_plane.lock().transport.as_ref().map(|t| t.kind())
+    }
+
+    /// Connects to `shard` (again after it restarted).
+    fn connection(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64) -> Result<()> {
+        if st.connections[shard].as_ref().is_some_and(|c| c.incarnation == incarnation) {
+            return Ok(());
+        }
+        let transport = st.transport.as_ref().ok_or_else(|| Error::Config("no transport".into()))?;
+        if let Some(old) = st.connections[shard].take() {
+            let _ = transport.disconnect(&old.handle);
+        }
+        let pending = transport.prepare_connection(shard as u32)?;
+        let mut c = self.shards[shard].clone();
+        let reply = self
+            .runtime
+            .block_on(c.connect_data_plane(request_from_endpoint(&pending.endpoint)))
+            .map_err(|s| status(shard, s))?
+            .into_inner();
+        let mut remote = remote_from_reply(&reply).map_err(|what| Error::Malformed { shard, what })?;
+        if let RemoteAccess::Tcp { peer, .. } = &mut remote.access {
+            // The data service shares the shard's gRPC port: dial the
+            // address this client reaches the shard at, not the one the
+            // shard listens on (0.0.0.0, a private name).
+            peer.address = self.config.shards[shard].clone();
+        }
+        let handle = transport.connect(pending, &remote)?;
+        st.connections[shard] = Some(Connection { incarnation: reply.incarnation, handle });
+        Ok(())
+    }
+
+    /// Ranged draws of `counts[s]` rows from each shard `s`, at once.
+    fn draw_ranges(
+        &self,
+        request: &ClusterSample,
+        counts: &[(usize, u64)],
+    ) -> Vec<(usize, u64, std::result::Result<SampleReply, Error>)> {
+        self.runtime.block_on(async {
+            let mut calls = Vec::new();
+            for &(s, n) in counts {
+                let mut c = self.shards[s].clone();
+                let mut req = sample_request(request, n, self.config.call_timeout);
+                req.ranges = true;
+                calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
+            }
+            let mut out = Vec::new();
+            for (s, n, call) in calls {
+                let r = match call.await {
+                    Ok(Ok(reply)) => {
+                        let reply = reply.into_inner();
+                        match check_sample_reply(s, n, &reply) {
+                            Ok(()) if reply.row_ranges.len() == n as usize => Ok(reply),
+                            Ok(()) => Err(Error::Malformed { shard: s, what: "row ranges missing".into() }),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Ok(Err(e)) => Err(status(s, e)),
+                    Err(e) => Err(Error::NoShard(format!("sample of shard {s} failed: {e}"))),
+                };
+                out.push((s, n, r));
+            }
+            out
+        })
+    }
+
+    /// [`ClusterClient::sample`] over the transport (module docs).
+    pub(super) fn sample_by_ranges(&self, request: &ClusterSample) -> Result<ClusterBatch> {
+        let mut batch = ClusterBatch::default();
+        let spec = self.cached_spec()?;
+        let columns: Vec<usize> = if request.columns.is_empty() {
+            (0..spec.columns().len()).collect()
+        } else {
+            request.columns.iter().map(|n| spec.column_index(n)).collect::<gear_core::Result<_>>()?
+        };
+        request.window.validate(spec.max_len())?;
+        let place = Placement {
+            step_bytes: columns.iter().map(|&c| spec.columns()[c].step_bytes()).collect::<gear_core::Result<_>>()?,
+            window: request.window.len,
+            rows: request.rows,
+        };
+        let (mut masses, min_mass) = self.masses(&mut batch)?;
+        let beta = self.beta()?;
+        let mut st = self.data_plane.lock();
+        self.ensure_buffer(&mut st, place.bytes())?;
+        let mut rows: Vec<Row> = Vec::with_capacity(request.rows as usize);
+        let mut remaining = request.rows;
+        // Set when a lost shard's rows were taken out: the rows after them
+        // moved to other places in the buffer and are read again.
+        let mut shifted = false;
+        for _round in 0..self.shards.len() {
+            let total: f64 = masses.iter().sum();
+            if remaining == 0 {
+                break;
+            }
+            if total <= 0.0 {
+                return Err(Error::NoShard(format!("no shard holds items (lost: {:?})", batch.lost)));
+            }
+            let counts = self.allocate(&masses, remaining);
+            let counts: Vec<(usize, u64)> = counts.into_iter().enumerate().filter(|&(_, n)| n > 0).collect();
+            let first = if std::mem::take(&mut shifted) { 0 } else { rows.len() };
+            let lose = |s: usize, reason: String, masses: &mut Vec<f64>, batch: &mut ClusterBatch| {
+                self.mark_lost(s, &reason);
+                batch.lost.push(LostShard { shard: s, reason });
+                masses[s] = 0.0;
+            };
+            for (s, n, reply) in self.draw_ranges(request, &counts) {
+                let reply = match reply.and_then(|r| self.connection(&mut st, s, r.incarnation).map(|()| r)) {
+                    Ok(r) => r,
+                    Err(Error::Status { status: e, .. })
+                        if matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) =>
+                    {
+                        return Err(status(s, *e));
+                    }
+                    Err(e) => {
+                        lose(s, e.to_string(), &mut masses, &mut batch);
+                        continue;
+                    }
+                };
+                remaining -= n;
+                push_rows(&mut rows, s, masses[s], total, reply);
+            }
+            // Read the new rows; a shard whose reads fail gives its rows back.
+            let failed = self.read_rows(&mut st, request, &place, &mut rows, first)?;
+            for (s, reason) in failed {
+                let before = rows.len();
+                rows.retain(|r| r.shard != s);
+                remaining += (before - rows.len()) as u64;
+                shifted = true;
+                lose(s, reason, &mut masses, &mut batch);
+            }
+        }
+        if remaining > 0 {
+            return Err(Error::NoShard(format!("{remaining} rows could not be drawn; lost: {:?}", batch.lost)));
+        }
+        self.assemble(&st, &place, &rows, min_mass, beta, &mut batch);
+        Ok(batch)
+    }
+
+    /// The spec, from the first shard that answers.
+    fn spec_of_any(&self) -> Result<(TableSpec, crate::proto::SpecReply)> {
+        let mut last = None;
+        for s in 0..self.shards.len() {
+            match self.spec(s) {
+                Ok(r) => return Ok(r),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::NoShard("no shard".into())))
+    }
+
+    /// Every shard's mass, as the shard-gather path asks it.
+    fn masses(&self, batch: &mut ClusterBatch) -> Result<(Vec<f64>, f64)> {
+        let infos = self.runtime.block_on(async {
+            let calls =
+                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
+            let mut out = Vec::new();
+            for call in calls.collect::<Vec<_>>() {
+                out.push(call.await);
+            }
+            out
+        });
+        let mut masses = vec![0.0f64; self.shards.len()];
+        let mut min_mass = f64::INFINITY;
+        for (s, r) in infos.into_iter().enumerate() {
+            match r {
+                Ok(Ok(reply)) => {
+                    let info = reply.into_inner();
+                    if info.shard as usize != s {
+                        self.mark_lost(s, "answers with another shard id");
+                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
+                        continue;
+                    }
+                    if self.mark_alive(s, info.incarnation) {
+                        batch.rejoined.push(s);
+                    }
+                    if info.size == 0 {
+                        continue;
+                    }
+                    if !(info.total_mass.is_finite() && info.total_mass >= 0.0) {
+                        return Err(Error::Malformed { shard: s, what: format!("total mass {}", info.total_mass) });
+                    }
+                    if info.total_mass == 0.0 {
+                        return Err(Error::Unsupported(
+                            "byte-range sampling needs a random strategy; use the shard-gather data plane".into(),
+                        ));
+                    }
+                    masses[s] = info.total_mass;
+                    if info.min_mass > 0.0 {
+                        min_mass = min_mass.min(info.min_mass);
+                    }
+                }
+                Ok(Err(e)) => {
+                    self.mark_lost(s, e.message());
+                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
+                }
+                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
+            }
+        }
+        Ok((masses, min_mass))
+    }
+
+    /// Registers a batch buffer of at least `bytes`, once (again only when
+    /// a larger batch needs more).
+    fn ensure_buffer(&self, st: &mut DataPlaneState, bytes: u64) -> Result<()> {
+        if st.buffer.as_ref().is_some_and(|(_, b)| b.len() >= bytes) {
+            return Ok(());
+        }
+        let transport = st.transport.as_ref().ok_or_else(|| Error::Config("no transport".into()))?;
+        if let Some((_, old)) = st.buffer.take() {
+            transport.release_local(&old)?;
+        }
+        let words = usize::try_from(bytes.div_ceil(8).max(1))
+            .map_err(|_| Error::Config(format!("a batch of {bytes} bytes is too large")))?;
+        let region = Arc::new(HeapBuffer(vec![0u64; words].into_boxed_slice()));
+        let local = transport.register_local(region.clone())?;
+        st.buffer = Some((region, local));
+        Ok(())
+    }
+
+    /// Reads rows `first..` (windows, then generations), redrawing torn
+    /// rows from their shard. Returns the shards whose reads failed.
+    fn read_rows(
+        &self,
+        st: &mut DataPlaneState,
+        request: &ClusterSample,
+        place: &Placement,
+        rows: &mut [Row],
+        first: usize,
+    ) -> Result<Vec<(usize, String)>> {
+        let mut pending: Vec<usize> = (first..rows.len()).collect();
+        let mut failed: Vec<(usize, String)> = Vec::new();
+        for attempt in 1..=MAX_READ_ATTEMPTS {
+            pending.retain(|&r| !failed.iter().any(|(s, _)| *s == rows[r].shard));
+            if pending.is_empty() {
+                return Ok(failed);
+            }
+            // Windows first, to every shard before waiting on any.
+            let mut window_ops: Vec<(usize, Vec<ReadOp>)> = Vec::new();
+            for &r in &pending {
+                let ops =
+                    place.window_ops(r, &rows[r]).map_err(|what| Error::Malformed { shard: rows[r].shard, what })?;
+                match window_ops.iter_mut().find(|(s, _)| *s == rows[r].shard) {
+                    Some((_, list)) => list.extend(ops),
+                    None => window_ops.push((rows[r].shard, ops)),
+                }
+            }
+            failed.extend(self.post_and_wait(st, &window_ops));
+            // Then every row's generation word.
+            pending.retain(|&r| !failed.iter().any(|(s, _)| *s == rows[r].shard));
+            let mut gen_ops: Vec<(usize, Vec<ReadOp>)> = Vec::new();
+            for &r in &pending {
+                let op = ReadOp {
+                    remote_offset: rows[r].range.generation_offset,
+                    local_offset: place.generation_base() + 8 * r as u64,
+                    len: 8,
+                };
+                match gen_ops.iter_mut().find(|(s, _)| *s == rows[r].shard) {
+                    Some((_, list)) => list.push(op),
+                    None => gen_ops.push((rows[r].shard, vec![op])),
+                }
+            }
+            failed.extend(self.post_and_wait(st, &gen_ops));
+            pending.retain(|&r| !failed.iter().any(|(s, _)| *s == rows[r].shard));
+            let Some((region, _)) = &st.buffer else { return Err(Error::Config("no batch buffer".into())) };
+            let torn: Vec<usize> = pending
+                .iter()
+                .copied()
+                .filter(|&r| {
+                    let at = (place.generation_base() + 8 * r as u64) as usize;
+                    let word = u64::from_le_bytes(buffer_bytes(region)[at..at + 8].try_into().unwrap_or([0; 8]));
+                    generation_of(word) != rows[r].key.generation
+                })
+                .collect();
+            if torn.is_empty() {
+                return Ok(failed);
+            }
+            if attempt == MAX_READ_ATTEMPTS {
+                break;
+            }
+            // Draw the torn rows again from the same shards.
+            let mut counts: Vec<(usize, u64)> = Vec::new();
+            for &r in &torn {
+                match counts.iter_mut().find(|(s, _)| *s == rows[r].shard) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((rows[r].shard, 1)),
+                }
+            }
+            for (s, _, reply) in self.draw_ranges(request, &counts) {
+                let targets: Vec<usize> = torn.iter().copied().filter(|&r| rows[r].shard == s).collect();
+                match reply {
+                    Ok(reply) => {
+                        for (i, &r) in targets.iter().enumerate() {
+                            let (mass, total) = (rows[r].mass, rows[r].total);
+                            rows[r] = row_of(&reply, i, s, mass, total);
+                        }
+                    }
+                    Err(e) => failed.push((s, e.to_string())),
+                }
+            }
+            pending = torn;
+        }
+        Err(Error::NoShard(format!("rows were overwritten during {MAX_READ_ATTEMPTS} reads in a row")))
+    }
+
+    /// Posts each shard's ops, then waits for all with one deadline.
+    /// Returns the shards whose reads failed.
+    fn post_and_wait(&self, st: &mut DataPlaneState, ops: &[(usize, Vec<ReadOp>)]) -> Vec<(usize, String)> {
+        let mut failed = Vec::new();
+        let (Some(transport), Some((_, local))) = (st.transport.as_ref(), st.buffer.as_ref()) else {
+            return ops.iter().map(|(s, _)| (*s, "no transport".to_owned())).collect();
+        };
+        let mut tickets = Vec::new();
+        let mut shards = Vec::new();
+        for (s, list) in ops {
+            let Some(conn) = st.connections[*s].as_ref() else {
+                failed.push((*s, "not connected".to_owned()));
+                continue;
+            };
+            match transport.post_reads(&conn.handle, local, list) {
+                Ok(t) => {
+                    tickets.push(t);
+                    shards.push(*s);
+                }
+                Err(e) => failed.push((*s, format!("reads refused: {e}"))),
+            }
+        }
+        let deadline = Instant::now() + self.config.call_timeout;
+        for ((s, t), r) in shards.iter().zip(&tickets).zip(transport.wait_all(&tickets, deadline)) {
+            if let Err(e) = r {
+                if matches!(e, gear_core::Error::Timeout(_)) {
+                    // Its reads stay in flight: end them before the buffer
+                    // is reused, and connect again next time.
+                    if let Some(conn) = st.connections[*s].take() {
+                        let _ = transport.disconnect(&conn.handle);
+                    }
+                    let _ = transport.wait(t, Instant::now() + Duration::from_secs(1));
+                }
+                failed.push((*s, format!("reads failed: {e}")));
+            }
+        }
+        failed
+    }
+
+    /// Copies the rows out of the buffer into `batch`, zeroing padding,
+    /// with probabilities and weights as the shard-gather path computes them.
+    fn assemble(
+        &self,
+        st: &DataPlaneState,
+        place: &Placement,
+        rows: &[Row],
+        min_mass: f64,
+        beta: f64,
+        batch: &mut ClusterBatch,
+    ) {
+        let Some((region, _)) = &st.buffer else { return };
+        let bytes = buffer_bytes(region);
+        batch.columns =
+            place.step_bytes.iter().map(|&s| Vec::with_capacity((s * place.window) as usize * rows.len())).collect();
+        for (r, row) in rows.iter().enumerate() {
+            for (c, &s) in place.step_bytes.iter().enumerate() {
+                let base = (place.column_base(c) + r as u64 * place.window * s) as usize;
+                let (lo, hi) = ((row.range.dst_step * s) as usize, ((row.range.dst_step + row.len) * s) as usize);
+                let out = &mut batch.columns[c];
+                out.resize(out.len() + lo, 0);
+                out.extend_from_slice(&bytes[base + lo..base + hi]);
+                out.resize(out.len() + (place.window * s) as usize - hi, 0);
+            }
+            batch.keys.push(row.key);
+            batch.lengths.push(row.len);
+            batch.starts.push(row.start);
+            let p = global_probability(row.p_local, row.mass, row.total);
+            let p_min = min_mass / row.total;
+            let w = if beta == 0.0 || p <= 0.0 { 1.0 } else { (p_min / p).powf(beta) };
+            batch.probabilities.push(p);
+            batch.weights.push(w);
+        }
+    }
+}
+
+fn row_of(reply: &SampleReply, i: usize, shard: usize, mass: f64, total: f64) -> Row {
+    Row {
+        shard,
+        key: RemoteKey::from(&reply.keys[i]),
+        len: reply.lengths[i],
+        start: reply.starts[i],
+        p_local: reply.probabilities[i],
+        mass,
+        total,
+        range: reply.row_ranges[i].clone(),
+    }
+}
+
+fn push_rows(rows: &mut Vec<Row>, shard: usize, mass: f64, total: f64, reply: SampleReply) {
+    for i in 0..reply.keys.len() {
+        rows.push(row_of(&reply, i, shard, mass, total));
+    }
+}
+
+/// The buffer's bytes, read once every ticket into it finished.
+fn buffer_bytes(region: &HeapBuffer) -> &[u8] {
+    // SAFETY: the boxed slice has `len()` bytes and lives as long as
+    // `region`; callers read only after every ticket writing into it has
+    // finished (or been ended by `disconnect`), so nothing writes it now.
+    unsafe { std::slice::from_raw_parts(region.0.as_ptr().cast::<u8>(), region.len() as usize) }
+}

@@ -1,0 +1,160 @@
+//! The shard's data plane: the transport servers it could start, the
+//! `Connect` handler that hands out region descriptors, and the `Sample`
+//! mode that draws without gathering (`SampleRequest.ranges`), replying
+//! with where each row's window is in the region.
+//!
+//! TCP (gear-tcp) always runs, on the shard's gRPC port behind the same
+//! token check. RDMA (gear-rdma) runs only when gear-net is built with the
+//! `rdma` feature and the machine has a device; otherwise the server logs
+//! why and serves TCP alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gear_api::ReplayTable;
+use gear_core::{ExposedRegion, Pad, TransportKind, TransportServer, WindowSpec};
+use gear_tcp::TcpServer;
+use tonic::{Request, Response, Status};
+
+use super::{blocking, ShardService};
+use crate::connect::{endpoint_from_request, reply_from_remote};
+use crate::convert::{key_to_proto, table_status, MAX_SAMPLE_ROWS};
+use crate::error::{Error, Result};
+use crate::proto::{self, ConnectReply, ConnectRequest, RowRange, SampleReply, SampleRequest};
+
+/// The transport servers of one shard, with the table's region exposed on
+/// each.
+pub struct DataPlaneServer {
+    tcp: TcpServer,
+    tcp_region: ExposedRegion,
+    rdma: Option<(Box<dyn TransportServer>, ExposedRegion)>,
+}
+
+impl std::fmt::Debug for DataPlaneServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataPlaneServer").field("tcp", &self.tcp).field("rdma", &self.rdma.is_some()).finish()
+    }
+}
+
+impl DataPlaneServer {
+    /// Exposes `table`'s region over TCP (descriptors name `tcp_address`,
+    /// where the shard's gRPC server listens) and, where RDMA can run, over
+    /// RDMA too (device 1, port 1, GID index 0).
+    pub fn start(table: &ReplayTable, shard: u32, incarnation: u64, tcp_address: String) -> Result<Self> {
+        let tcp = TcpServer::new(tcp_address).map_err(|e| Error::Config(e.to_string()))?;
+        let tcp_region = tcp.expose(shard, incarnation, table.memory())?;
+        let rdma = match gear_rdma::device_server(None, 1, 0) {
+            Ok(server) => match server.expose(shard, incarnation, table.memory()) {
+                Ok(exposed) => Some((server, exposed)),
+                Err(e) => {
+                    eprintln!("gear-net: shard {shard}: rdma data plane off (exposing the region failed: {e})");
+                    None
+                }
+            },
+            Err(e) => {
+                eprintln!("gear-net: shard {shard}: rdma data plane off ({e}); serving tcp only");
+                None
+            }
+        };
+        Ok(DataPlaneServer { tcp, tcp_region, rdma })
+    }
+
+    /// Whether this shard serves `kind`.
+    pub fn serves(&self, kind: TransportKind) -> bool {
+        match kind {
+            TransportKind::Tcp => true,
+            TransportKind::Rdma => self.rdma.is_some(),
+        }
+    }
+
+    /// The TCP read service, to add to the shard's router behind its token
+    /// check.
+    pub fn tcp_service(&self) -> gear_tcp::proto::region_reader_server::RegionReaderServer<gear_tcp::ReadService> {
+        self.tcp.service()
+    }
+
+    fn accept(&self, req: &ConnectRequest) -> std::result::Result<ConnectReply, Status> {
+        let endpoint = endpoint_from_request(req).map_err(Status::invalid_argument)?;
+        let remote = match endpoint.kind() {
+            TransportKind::Tcp => self.tcp.accept(&self.tcp_region, &endpoint),
+            TransportKind::Rdma => match &self.rdma {
+                Some((server, exposed)) => server.accept(exposed, &endpoint),
+                None => return Err(Status::failed_precondition("this shard does not serve rdma")),
+            },
+        };
+        remote.map(|r| reply_from_remote(&r)).map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+}
+
+impl ShardService {
+    /// Serves `data_plane` through `Connect` and ranged samples.
+    pub fn with_data_plane(mut self, data_plane: Arc<DataPlaneServer>) -> Self {
+        self.data_plane = Some(data_plane);
+        self
+    }
+
+    pub(super) async fn accept_data_plane(
+        &self,
+        request: Request<ConnectRequest>,
+    ) -> std::result::Result<Response<ConnectReply>, Status> {
+        let dp = self.data_plane.as_ref().ok_or_else(|| Status::failed_precondition("this shard has no data plane"))?;
+        Ok(Response::new(dp.accept(request.get_ref())?))
+    }
+
+    /// `Sample` with `ranges`: draw, and reply with where the windows are.
+    pub(super) async fn sample_ranges(&self, req: SampleRequest) -> std::result::Result<Response<SampleReply>, Status> {
+        if self.data_plane.is_none() {
+            return Err(Status::failed_precondition("this shard has no data plane"));
+        }
+        let spec = self.table.spec();
+        if req.rows == 0 || req.rows > MAX_SAMPLE_ROWS {
+            return Err(Status::invalid_argument(format!("rows {} must be between 1 and {MAX_SAMPLE_ROWS}", req.rows)));
+        }
+        let pad = match proto::Pad::try_from(req.pad) {
+            Ok(proto::Pad::Tail) => Pad::Tail,
+            Ok(proto::Pad::Head) => Pad::Head,
+            Err(_) => return Err(Status::invalid_argument(format!("unknown pad {}", req.pad))),
+        };
+        let window = WindowSpec { offset: req.window_offset, len: req.window_len, pad };
+        window.validate(spec.max_len()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if req.columns.len() > spec.columns().len() {
+            return Err(Status::invalid_argument(format!("{} columns requested", req.columns.len())));
+        }
+        let columns: Vec<usize> = if req.columns.is_empty() {
+            (0..spec.columns().len()).collect()
+        } else {
+            req.columns
+                .iter()
+                .map(|n| spec.column_index(n).map_err(|e| Status::invalid_argument(e.to_string())))
+                .collect::<std::result::Result<_, _>>()?
+        };
+        let timeout = Some(Duration::from_millis(req.timeout_ms.clamp(1, 600_000)));
+        let (size, total_mass, min_mass) = self.masses()?;
+        let table = self.table.clone();
+        let rows = req.rows as usize;
+        let drawn = blocking(move || table.draw_ranges(rows, window, &columns, timeout).map_err(table_status)).await?;
+        let (shard, incarnation) = (self.shard, self.incarnation);
+        Ok(Response::new(SampleReply {
+            shard,
+            incarnation,
+            keys: drawn.iter().map(|r| key_to_proto(shard, incarnation, r.key)).collect(),
+            lengths: drawn.iter().map(|r| r.window.steps).collect(),
+            starts: drawn.iter().map(|r| r.window.src_step).collect(),
+            probabilities: drawn.iter().map(|r| r.probability).collect(),
+            weights: drawn.iter().map(|r| r.weight).collect(),
+            columns: Vec::new(),
+            size,
+            total_mass,
+            min_mass,
+            row_ranges: drawn
+                .iter()
+                .map(|r| RowRange {
+                    offsets: r.columns.iter().map(|c| c.start).collect(),
+                    lens: r.columns.iter().map(|c| c.end - c.start).collect(),
+                    generation_offset: r.generation_offset,
+                    dst_step: r.window.dst_step,
+                })
+                .collect(),
+        }))
+    }
+}
