@@ -132,7 +132,7 @@ element!(bool => Bool, u8 => U8, i8 => I8, i16 => I16, i32 => I32, i64 => I64, f
 /// any byte is neither 0 nor 1.
 pub fn from_bytes<T: Element>(bytes: &[u8]) -> Option<&[T]> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 || bytes.as_ptr() as usize % std::mem::align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(size) || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return None;
     }
     if T::DTYPE == DType::Bool && bytes.iter().any(|&b| b > 1) {

@@ -133,7 +133,7 @@ impl<R: MemoryRegion> std::fmt::Debug for TableRegion<R> {
 
 fn host_base<R: MemoryRegion>(region: &R) -> Result<NonNull<u8>> {
     let base = region.host_ptr().ok_or(Error::Unsupported("a table region needs host-addressable memory"))?;
-    if base.as_ptr() as usize % 64 != 0 {
+    if !(base.as_ptr() as usize).is_multiple_of(64) {
         return Err(Error::Region("region is not 64-byte aligned".into()));
     }
     Ok(base)
@@ -350,7 +350,7 @@ impl<R: MemoryRegion> TableRegion<R> {
             .ok_or_else(|| Error::ColumnIndex { index: column, count: self.spec.columns().len() })?;
         let s = self.layout.step_bytes(column);
         let n = bytes.len() as u64;
-        if n % s != 0 {
+        if !n.is_multiple_of(s) {
             return Err(Error::StepSize { column: col.name().to_owned(), got: n, expected: s });
         }
         let steps = n / s;
@@ -443,7 +443,7 @@ impl<R: MemoryRegion> TableRegion<R> {
             .ok_or_else(|| Error::ColumnIndex { index: column, count: self.spec.columns().len() })?;
         let s = self.layout.step_bytes(column);
         let n = bytes as u64;
-        if n % s != 0 {
+        if !n.is_multiple_of(s) {
             return Err(Error::StepSize { column: col.name().to_owned(), got: n, expected: s });
         }
         if first_step.checked_add(n / s).is_none_or(|end| end > self.spec.max_len()) {
@@ -474,7 +474,7 @@ impl<R: MemoryRegion> TableRegion<R> {
         let s = self.layout.step_bytes(column);
         let n = out.len() as u64;
         let name = || self.spec.columns()[column].name().to_owned();
-        if n % s != 0 {
+        if !n.is_multiple_of(s) {
             return Err(Error::StepSize { column: name(), got: n, expected: s });
         }
         if first_step.checked_add(n / s).is_none_or(|end| end > published) {

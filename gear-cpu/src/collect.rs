@@ -146,7 +146,7 @@ impl HostBatch {
     /// step are not a multiple of `T`'s size (or, for `bool`, when a byte
     /// is neither 0 nor 1). Panics if `i >= self.columns()`.
     pub fn column_as<T: gear_core::Element>(&self, i: usize) -> Option<&[T]> {
-        if self.layout.step_bytes()[i] % std::mem::size_of::<T>() as u64 != 0 {
+        if !self.layout.step_bytes()[i].is_multiple_of(std::mem::size_of::<T>() as u64) {
             return None;
         }
         gear_core::from_bytes(self.column(i))

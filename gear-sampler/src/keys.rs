@@ -290,7 +290,7 @@ impl<T: Copy + Default> DenseKeys<T> {
     /// held, or named twice, are skipped), then the held keys it did not
     /// name, in their present order.
     pub(crate) fn import_order(&mut self, state: &[u8], who: &str) -> Result<()> {
-        if state.len() % 8 != 0 {
+        if !state.len().is_multiple_of(8) {
             return Err(Error::Decode(format!(
                 "{who}: a key order of {} bytes is not a whole number of 8-byte keys",
                 state.len()
