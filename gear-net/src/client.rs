@@ -41,7 +41,7 @@ mod spread;
 pub use insert::TRAJECTORIES_PER_STREAM;
 
 mod data_plane;
-pub use data_plane::{DataPlane, AUTO_TCP_RANGE_MIN_BYTES, MAX_READ_ATTEMPTS};
+pub use data_plane::{DataPlane, MAX_READ_ATTEMPTS};
 
 type Grpc = GrpcShardClient<InterceptedService<ShardChannel, TokenAttach>>;
 

@@ -206,11 +206,10 @@ fn auto_selection_samples_without_rdma() {
     let window = WindowSpec::last(3);
     let batch = cluster.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap();
     check_rows(&batch, window, 16);
-    // No RDMA device here: Auto falls back to TCP (and gathers batches this
-    // small on the shards).
-    assert_eq!(cluster.data_plane_kind(), Some(gear_core::TransportKind::Tcp));
+    // No RDMA device here: Auto gathers on the shards over TCP.
+    assert_eq!(cluster.data_plane_kind(), None);
     let small = ClusterSample { rows: 16, window, columns: vec![] };
-    assert_eq!(cluster.data_plane_for(&small), None, "a small batch is gathered by the shards");
+    assert_eq!(cluster.data_plane_for(&small), None, "without RDMA the shards gather");
     // ByteRange asks for RDMA and falls back to TCP byte ranges.
     let ranged = client(&servers, DataPlane::ByteRange);
     check_rows(&ranged.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap(), window, 16);

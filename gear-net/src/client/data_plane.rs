@@ -49,20 +49,14 @@ pub enum DataPlane {
     ByteRange,
     /// As [`DataPlane::ByteRange`], over TCP even where RDMA could run.
     ByteRangeTcp,
-    /// RDMA byte ranges where RDMA can run. Over TCP, byte ranges for
-    /// batches of at least [`AUTO_TCP_RANGE_MIN_BYTES`] and shard-gather
-    /// for smaller ones, the faster of the two at each size as measured
-    /// (docs/PERFORMANCE.md, "Data plane: shard-gather vs byte-range over
-    /// TCP").
+    /// RDMA byte ranges where RDMA can run, else shard-gather over TCP:
+    /// with the client's large HTTP/2 frames, gathering was as fast as TCP
+    /// byte ranges or faster at every batch size measured, and takes two
+    /// round trips per batch fewer (docs/PERFORMANCE.md, "Data plane:
+    /// shard-gather vs byte-range over TCP").
     #[default]
     Auto,
 }
-
-/// Under [`DataPlane::Auto`] over TCP, batches of at least this many bytes
-/// are read as byte ranges, smaller ones gathered by the shards: byte
-/// ranges cost two more round trips per batch and win only once the copies
-/// they save outweigh them (about 8 MiB per batch on the measuring machine).
-pub const AUTO_TCP_RANGE_MIN_BYTES: u64 = 12 << 20;
 
 /// A heap buffer reads land in.
 struct HeapBuffer(Box<[u64]>);
@@ -163,29 +157,27 @@ impl ClusterClient {
     /// Whether `sample` of `request` goes through a transport, making the
     /// transport on first use (see [`DataPlane`]).
     pub(super) fn byte_range_plane(&self, request: &ClusterSample) -> bool {
-        let kind = {
+        {
             let mut st = self.data_plane.lock();
             if !st.tried {
                 st.tried = true;
                 st.transport = match self.config.data_plane {
                     DataPlane::ShardGather => None,
                     DataPlane::ByteRangeTcp => self.tcp_transport(),
-                    DataPlane::ByteRange | DataPlane::Auto => self.rdma_transport().or_else(|| self.tcp_transport()),
+                    DataPlane::ByteRange => self.rdma_transport().or_else(|| self.tcp_transport()),
+                    // Without RDMA, Auto gathers on the shards: no TCP
+                    // transport is made.
+                    DataPlane::Auto => self.rdma_transport(),
                 };
                 st.connections = (0..self.shards.len()).map(|_| None).collect();
             }
-            match st.transport.as_ref() {
-                Some(t) => t.kind(),
-                None => return false,
+            if st.transport.is_none() {
+                return false;
             }
-        };
+        }
         // A request the shards would refuse goes the gather way, so it is
         // refused exactly as there (and sizes no buffer here).
-        let Some(bytes) = self.batch_bytes(request) else { return false };
-        if self.config.data_plane != DataPlane::Auto || kind != gear_core::TransportKind::Tcp {
-            return true;
-        }
-        bytes >= AUTO_TCP_RANGE_MIN_BYTES
+        self.batch_bytes(request).is_some()
     }
 
     /// Bytes of one batch of `request`; `None` if the spec cannot be had or
