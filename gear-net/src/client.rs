@@ -45,6 +45,20 @@ pub use data_plane::{DataPlane, MAX_READ_ATTEMPTS};
 
 type Grpc = GrpcShardClient<InterceptedService<ShardChannel, TokenAttach>>;
 
+/// What one shard's `Info` call came to.
+pub(crate) type InfoOutcome =
+    std::result::Result<std::result::Result<tonic::Response<proto::InfoReply>, tonic::Status>, tokio::task::JoinError>;
+
+/// Every shard's mass as [`ClusterClient::sample`] splits rows by it.
+pub(crate) struct ShardMasses {
+    /// Total mass of each shard (0: lost, empty, or deterministic).
+    pub masses: Vec<f64>,
+    /// Smallest positive per-item mass over the shards.
+    pub min_mass: f64,
+    /// Shards with items whose strategy has no mass (FIFO, LIFO, heaps).
+    pub deterministic: usize,
+}
+
 /// A key of a cluster: the shard, the shard's incarnation, and the slot key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteKey {
@@ -312,52 +326,7 @@ impl ClusterClient {
             return self.sample_by_ranges(request);
         }
         let mut batch = ClusterBatch::default();
-        // Every shard's size and mass, asked at once.
-        let infos = self.runtime.block_on(async {
-            let calls =
-                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
-            let mut out = Vec::new();
-            for call in calls.collect::<Vec<_>>() {
-                out.push(call.await);
-            }
-            out
-        });
-        let mut masses = vec![0.0f64; self.shards.len()];
-        let mut min_mass = f64::INFINITY;
-        let mut deterministic = 0usize;
-        for (s, r) in infos.into_iter().enumerate() {
-            match r {
-                Ok(Ok(reply)) => {
-                    let info = reply.into_inner();
-                    if info.shard as usize != s {
-                        self.mark_lost(s, "answers with another shard id");
-                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
-                        continue;
-                    }
-                    if self.mark_alive(s, info.incarnation) {
-                        batch.rejoined.push(s);
-                    }
-                    if info.size == 0 {
-                        continue;
-                    }
-                    if !(info.total_mass.is_finite() && info.total_mass >= 0.0) {
-                        return Err(Error::Malformed { shard: s, what: format!("total mass {}", info.total_mass) });
-                    }
-                    if info.total_mass == 0.0 {
-                        deterministic += 1;
-                    }
-                    masses[s] = info.total_mass;
-                    if info.min_mass > 0.0 {
-                        min_mass = min_mass.min(info.min_mass);
-                    }
-                }
-                Ok(Err(e)) => {
-                    self.mark_lost(s, e.message());
-                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
-                }
-                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
-            }
-        }
+        let ShardMasses { mut masses, min_mass, deterministic } = self.shard_masses(&mut batch)?;
         let stocked = masses.iter().filter(|&&m| m > 0.0).count() + deterministic;
         if deterministic > 0 && stocked > 1 {
             return Err(Error::Unsupported(
@@ -455,6 +424,64 @@ impl ClusterClient {
             }
         }
         Ok(batch)
+    }
+
+    /// Every shard's `Info`, asked at once: one outcome per shard, in order.
+    pub(crate) fn all_infos(&self) -> Vec<InfoOutcome> {
+        self.runtime.block_on(async {
+            let calls =
+                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
+            let mut out = Vec::new();
+            for call in calls.collect::<Vec<_>>() {
+                out.push(call.await);
+            }
+            out
+        })
+    }
+
+    /// Every shard's selection mass, which cross-shard sampling splits rows
+    /// by. Shards that fail or answer as another shard are left out and
+    /// recorded in `batch.lost`, shards back from being lost in
+    /// `batch.rejoined`.
+    fn shard_masses(&self, batch: &mut ClusterBatch) -> Result<ShardMasses> {
+        let infos = self.all_infos();
+        let mut masses = vec![0.0f64; self.shards.len()];
+        let mut min_mass = f64::INFINITY;
+        let mut deterministic = 0usize;
+        for (s, r) in infos.into_iter().enumerate() {
+            match r {
+                Ok(Ok(reply)) => {
+                    let info = reply.into_inner();
+                    if info.shard as usize != s {
+                        self.mark_lost(s, "answers with another shard id");
+                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
+                        continue;
+                    }
+                    if self.mark_alive(s, info.incarnation) {
+                        batch.rejoined.push(s);
+                    }
+                    if info.size == 0 {
+                        continue;
+                    }
+                    if !(info.total_mass.is_finite() && info.total_mass >= 0.0) {
+                        return Err(Error::Malformed { shard: s, what: format!("total mass {}", info.total_mass) });
+                    }
+                    if info.total_mass == 0.0 {
+                        deterministic += 1;
+                    }
+                    masses[s] = info.total_mass;
+                    if info.min_mass > 0.0 {
+                        min_mass = min_mass.min(info.min_mass);
+                    }
+                }
+                Ok(Err(e)) => {
+                    self.mark_lost(s, e.message());
+                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
+                }
+                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
+            }
+        }
+        Ok(ShardMasses { masses, min_mass, deterministic })
     }
 
     /// The importance exponent every shard's strategy uses (0 unless prioritized).

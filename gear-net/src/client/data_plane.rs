@@ -30,7 +30,7 @@ use super::{
 use super::{LostShard, RemoteKey};
 use crate::connect::{remote_from_reply, request_from_endpoint};
 use crate::error::{Error, Result};
-use crate::proto::{InfoRequest, RowRange, SampleReply};
+use crate::proto::{RowRange, SampleReply};
 
 /// The largest batch read by byte ranges (its buffer is allocated whole).
 pub const MAX_RANGE_BATCH_BYTES: u64 = 4 << 30;
@@ -403,55 +403,16 @@ impl ClusterClient {
         Err(last.unwrap_or_else(|| Error::NoShard("no shard".into())))
     }
 
-    /// Every shard's mass, as the shard-gather path asks it.
+    /// Every shard's mass, as the shard-gather path asks it; byte ranges
+    /// need a random strategy.
     fn masses(&self, batch: &mut ClusterBatch) -> Result<(Vec<f64>, f64)> {
-        let infos = self.runtime.block_on(async {
-            let calls =
-                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
-            let mut out = Vec::new();
-            for call in calls.collect::<Vec<_>>() {
-                out.push(call.await);
-            }
-            out
-        });
-        let mut masses = vec![0.0f64; self.shards.len()];
-        let mut min_mass = f64::INFINITY;
-        for (s, r) in infos.into_iter().enumerate() {
-            match r {
-                Ok(Ok(reply)) => {
-                    let info = reply.into_inner();
-                    if info.shard as usize != s {
-                        self.mark_lost(s, "answers with another shard id");
-                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
-                        continue;
-                    }
-                    if self.mark_alive(s, info.incarnation) {
-                        batch.rejoined.push(s);
-                    }
-                    if info.size == 0 {
-                        continue;
-                    }
-                    if !(info.total_mass.is_finite() && info.total_mass >= 0.0) {
-                        return Err(Error::Malformed { shard: s, what: format!("total mass {}", info.total_mass) });
-                    }
-                    if info.total_mass == 0.0 {
-                        return Err(Error::Unsupported(
-                            "byte-range sampling needs a random strategy; use the shard-gather data plane".into(),
-                        ));
-                    }
-                    masses[s] = info.total_mass;
-                    if info.min_mass > 0.0 {
-                        min_mass = min_mass.min(info.min_mass);
-                    }
-                }
-                Ok(Err(e)) => {
-                    self.mark_lost(s, e.message());
-                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
-                }
-                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
-            }
+        let m = self.shard_masses(batch)?;
+        if m.deterministic > 0 {
+            return Err(Error::Unsupported(
+                "byte-range sampling needs a random strategy; use the shard-gather data plane".into(),
+            ));
         }
-        Ok((masses, min_mass))
+        Ok((m.masses, m.min_mass))
     }
 
     /// Registers a batch buffer of at least `bytes`, once (again only when

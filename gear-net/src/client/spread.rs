@@ -13,7 +13,7 @@
 //!
 //! [`WriteTarget::MostFree`]: super::WriteTarget::MostFree
 
-use super::{ClusterClient, Error, InfoRequest, Result};
+use super::{ClusterClient, Error, Result};
 use std::time::Instant;
 
 /// The free-space estimate of every shard.
@@ -50,15 +50,7 @@ fn assign(free: &mut [Option<i64>], n: usize) -> Option<Vec<usize>> {
 impl ClusterClient {
     /// Asks every shard's `Info` and replaces the estimate.
     fn refresh_free_space(&self) -> Vec<Option<i64>> {
-        let infos = self.runtime.block_on(async {
-            let calls =
-                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
-            let mut out = Vec::new();
-            for call in calls.collect::<Vec<_>>() {
-                out.push(call.await);
-            }
-            out
-        });
+        let infos = self.all_infos();
         let mut free = Vec::with_capacity(infos.len());
         for (s, r) in infos.into_iter().enumerate() {
             free.push(match r {
