@@ -33,32 +33,8 @@ impl Limits {
         spec: &TableSpec,
         req: &SampleRequest,
     ) -> Result<(SampleConfig, Vec<u64>), Status> {
-        if req.rows == 0 || req.rows > MAX_SAMPLE_ROWS {
-            return Err(Status::invalid_argument(format!("rows {} must be between 1 and {MAX_SAMPLE_ROWS}", req.rows)));
-        }
-        let pad = match proto::Pad::try_from(req.pad) {
-            Ok(proto::Pad::Tail) => Pad::Tail,
-            Ok(proto::Pad::Head) => Pad::Head,
-            Err(_) => return Err(Status::invalid_argument(format!("unknown pad {}", req.pad))),
-        };
-        let window = WindowSpec { offset: req.window_offset, len: req.window_len, pad };
-        window.validate(spec.max_len()).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        if req.columns.len() > spec.columns().len() {
-            return Err(Status::invalid_argument(format!(
-                "{} columns requested, the table has {}",
-                req.columns.len(),
-                spec.columns().len()
-            )));
-        }
-        let mut row_bytes = Vec::with_capacity(spec.columns().len());
-        let indices: Vec<usize> = if req.columns.is_empty() {
-            (0..spec.columns().len()).collect()
-        } else {
-            req.columns
-                .iter()
-                .map(|n| spec.column_index(n).map_err(|e| Status::invalid_argument(e.to_string())))
-                .collect::<Result<_, _>>()?
-        };
+        let (window, indices) = sample_shape(spec, req)?;
+        let mut row_bytes = Vec::with_capacity(indices.len());
         let mut total = 0u64;
         for &c in &indices {
             let step = spec.columns()[c].step_bytes().map_err(|e| Status::internal(e.to_string()))?;
@@ -145,6 +121,38 @@ pub(crate) fn columns_to_proto(spec: &TableSpec) -> Vec<proto::Column> {
             shape: c.shape().to_vec(),
         })
         .collect()
+}
+
+/// The window and the column indices a sample request asks for, checked
+/// against the spec: 1 to [`MAX_SAMPLE_ROWS`] rows, a known pad, a window
+/// valid for the table, known column names (empty: all columns).
+pub(crate) fn sample_shape(spec: &TableSpec, req: &SampleRequest) -> Result<(WindowSpec, Vec<usize>), Status> {
+    if req.rows == 0 || req.rows > MAX_SAMPLE_ROWS {
+        return Err(Status::invalid_argument(format!("rows {} must be between 1 and {MAX_SAMPLE_ROWS}", req.rows)));
+    }
+    let pad = match proto::Pad::try_from(req.pad) {
+        Ok(proto::Pad::Tail) => Pad::Tail,
+        Ok(proto::Pad::Head) => Pad::Head,
+        Err(_) => return Err(Status::invalid_argument(format!("unknown pad {}", req.pad))),
+    };
+    let window = WindowSpec { offset: req.window_offset, len: req.window_len, pad };
+    window.validate(spec.max_len()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    if req.columns.len() > spec.columns().len() {
+        return Err(Status::invalid_argument(format!(
+            "{} columns requested, the table has {}",
+            req.columns.len(),
+            spec.columns().len()
+        )));
+    }
+    let indices = if req.columns.is_empty() {
+        (0..spec.columns().len()).collect()
+    } else {
+        req.columns
+            .iter()
+            .map(|n| spec.column_index(n).map_err(|e| Status::invalid_argument(e.to_string())))
+            .collect::<Result<_, _>>()?
+    };
+    Ok((window, indices))
 }
 
 /// The table spec a shard describes, checked as a local spec is.

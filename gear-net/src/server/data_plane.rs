@@ -12,15 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gear_api::ReplayTable;
-use gear_core::{ExposedRegion, Pad, TransportKind, TransportServer, WindowSpec};
+use gear_core::{ExposedRegion, TransportKind, TransportServer};
 use gear_tcp::TcpServer;
 use tonic::{Request, Response, Status};
 
 use super::{blocking, ShardService};
 use crate::connect::{endpoint_from_request, reply_from_remote};
-use crate::convert::{key_to_proto, table_status, MAX_SAMPLE_ROWS};
+use crate::convert::{key_to_proto, table_status};
 use crate::error::{Error, Result};
-use crate::proto::{self, ConnectReply, ConnectRequest, RowRange, SampleReply, SampleRequest};
+use crate::proto::{ConnectReply, ConnectRequest, RowRange, SampleReply, SampleRequest};
 
 /// The transport servers of one shard, with the table's region exposed on
 /// each.
@@ -107,27 +107,7 @@ impl ShardService {
             return Err(Status::failed_precondition("this shard has no data plane"));
         }
         let spec = self.table.spec();
-        if req.rows == 0 || req.rows > MAX_SAMPLE_ROWS {
-            return Err(Status::invalid_argument(format!("rows {} must be between 1 and {MAX_SAMPLE_ROWS}", req.rows)));
-        }
-        let pad = match proto::Pad::try_from(req.pad) {
-            Ok(proto::Pad::Tail) => Pad::Tail,
-            Ok(proto::Pad::Head) => Pad::Head,
-            Err(_) => return Err(Status::invalid_argument(format!("unknown pad {}", req.pad))),
-        };
-        let window = WindowSpec { offset: req.window_offset, len: req.window_len, pad };
-        window.validate(spec.max_len()).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        if req.columns.len() > spec.columns().len() {
-            return Err(Status::invalid_argument(format!("{} columns requested", req.columns.len())));
-        }
-        let columns: Vec<usize> = if req.columns.is_empty() {
-            (0..spec.columns().len()).collect()
-        } else {
-            req.columns
-                .iter()
-                .map(|n| spec.column_index(n).map_err(|e| Status::invalid_argument(e.to_string())))
-                .collect::<std::result::Result<_, _>>()?
-        };
+        let (window, columns) = crate::convert::sample_shape(spec, &req)?;
         let timeout = Some(Duration::from_millis(req.timeout_ms.clamp(1, 600_000)));
         let (size, total_mass, min_mass) = self.masses()?;
         let table = self.table.clone();
