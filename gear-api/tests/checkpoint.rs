@@ -384,7 +384,12 @@ fn checkpoint_taken_while_writer_processes_and_a_sampler_run_restores_every_row(
         );
         let restored = restore_fifo(&r.path, capacity).unwrap();
         assert_eq!(restored.info().unwrap().size, r.trajectories);
-        assert_eq!(check_every_row(&restored), r.trajectories);
+        if r.trajectories > 0 {
+            assert_eq!(check_every_row(&restored), r.trajectories);
+        }
     }
+    // Writers that lap the table during a copy cost it the oldest
+    // trajectories, never all of them (the copy turns to the newest).
+    assert!(reports.iter().any(|r| r.trajectories > 0), "no checkpoint kept a trajectory");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -11,7 +11,9 @@
 //! pause reads 64 bytes per slot and copies the strategies' state (8
 //! bytes per held key for uniform); it never touches trajectory bytes.
 //! The bytes are then copied trajectory by trajectory, oldest insert
-//! first (the next to go under a FIFO remover), with no lock and with the
+//! first (the next to go under a FIFO remover) until one is found evicted
+//! (the writers have overtaken the copy), then from the newest backwards,
+//! with no lock and with the
 //! seqlock check samplers use: a trajectory evicted between the snapshot and its
 //! copy is left out and counted in [`CheckpointReport::dropped`] (a
 //! restore skips it in the strategies' state too), so what is restored is

@@ -73,8 +73,7 @@ fn take_snapshot(table: &ReplayTable) -> Result<(Snapshot, std::time::Duration)>
 pub(super) fn write_checkpoint(table: &ReplayTable, path: &Path) -> Result<CheckpointReport> {
     let started = Instant::now();
     let (mut snapshot, pause) = take_snapshot(table)?;
-    // Oldest first: under the default FIFO remover these are the next to
-    // be evicted, so copying them first leaves out the fewest.
+    // Sorted by insert (the copy's order is decided in `stream`).
     snapshot.slots.sort_unstable_by_key(|m| m.insert_seq);
     let tmp = temporary_name(path)?;
     let file = File::create(&tmp).map_err(format::io(&tmp, "create"))?;
@@ -137,7 +136,21 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
     file.write_all(&format::preamble()).map_err(werr)?;
     file_bytes += write_chunk(&mut file, Tag::Header, &snapshot.header).map_err(format::io(tmp, "write"))?;
     let (mut trajectories, mut data_bytes) = (0u64, 0u64);
-    for m in &snapshot.slots {
+    // Oldest first: under the default FIFO remover these are the next to
+    // be evicted, so while the copy outpaces the writers it leaves out
+    // none. Once one is found evicted, the writers' eviction front has
+    // overtaken the copy, and every older-first step after would lose the
+    // same race: the copy goes on from the newest, backwards, and meets the
+    // front half way instead of trailing it.
+    let (mut lo, mut hi, mut overtaken) = (0usize, snapshot.slots.len(), false);
+    while lo < hi {
+        let m = if overtaken {
+            hi -= 1;
+            &snapshot.slots[hi]
+        } else {
+            lo += 1;
+            &snapshot.slots[lo - 1]
+        };
         if m.len > layout.max_len() {
             // A record no correct writer leaves (the region is shared):
             // counted as dropped rather than trusted.
@@ -175,6 +188,7 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
             data_bytes += bytes as u64;
         } else {
             used = start;
+            overtaken = true;
         }
     }
     if used > 0 {
