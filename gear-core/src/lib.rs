@@ -44,7 +44,7 @@ pub use control::{log_entries, target, Change, ControlBlock, LogEntry, LogOp, MA
 pub use dtype::{as_bytes, from_bytes, DType, Element};
 pub use error::{Error, Result};
 pub use layout::Layout;
-pub use memory::{MemoryKind, MemoryRegion};
+pub use memory::{HeapRegion, MemoryKind, MemoryRegion};
 pub use region::{RegionLayout, TableRegion, TableView};
 pub use rng::{RandomSource, Xoshiro256};
 pub use select::{check_batch_priorities, check_priority, Sampled, SelectionMass, SelectionRule, Selector};

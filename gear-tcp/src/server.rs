@@ -261,28 +261,9 @@ mod tests {
     use crate::proto::ReadRange;
     use proptest::prelude::*;
 
-    /// A heap region for tests.
-    pub(crate) struct VecRegion(pub(crate) Box<[u64]>);
-    // SAFETY: the boxed slice lives as long as the value and `host_ptr`
-    // points at its `len()` bytes, 8-byte aligned.
-    unsafe impl MemoryRegion for VecRegion {
-        fn kind(&self) -> gear_core::MemoryKind {
-            gear_core::MemoryKind::Host
-        }
-        fn len(&self) -> u64 {
-            self.0.len() as u64 * 8
-        }
-        fn alignment(&self) -> u64 {
-            8
-        }
-        fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
-            std::ptr::NonNull::new(self.0.as_ptr() as *mut u8)
-        }
-    }
-
     fn server_with(len_words: usize) -> (TcpServer, ReadService, u64) {
         let server = TcpServer::new("127.0.0.1:1").unwrap();
-        let exposed = server.expose(0, 1, Arc::new(VecRegion(vec![0u64; len_words].into_boxed_slice()))).unwrap();
+        let exposed = server.expose(0, 1, Arc::new(gear_core::HeapRegion::zeroed(len_words * 8))).unwrap();
         let service = ReadService { regions: server.regions.clone(), chunk_bytes: 4096 };
         (server, service, exposed.id())
     }

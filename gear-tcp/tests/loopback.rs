@@ -7,45 +7,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gear_core::{
-    Error, MemoryKind, MemoryRegion, ReadOp, RemoteAccess, RemoteRegion, TcpEndpoint, Transport, TransportServer,
-};
+use gear_core::{Error, HeapRegion, ReadOp, RemoteAccess, RemoteRegion, TcpEndpoint, Transport, TransportServer};
 use gear_tcp::{TcpConfig, TcpServer, TcpTransport};
 use tonic::service::interceptor::InterceptedService;
 
-/// Heap bytes as a region (8-byte aligned).
-struct HeapRegion(Box<[u64]>);
-
-// SAFETY: the boxed slice lives as long as the value; `host_ptr` points at
-// its `len()` bytes.
-unsafe impl MemoryRegion for HeapRegion {
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn len(&self) -> u64 {
-        self.0.len() as u64 * 8
-    }
-    fn alignment(&self) -> u64 {
-        8
-    }
-    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
-        std::ptr::NonNull::new(self.0.as_ptr() as *mut u8)
-    }
-}
-
 fn region_with(len: usize, f: impl Fn(usize) -> u8) -> Arc<HeapRegion> {
-    let mut words = vec![0u64; len.div_ceil(8)].into_boxed_slice();
-    // SAFETY: the slice has at least `len` bytes; u8 has no alignment needs.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) };
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = f(i);
-    }
-    Arc::new(HeapRegion(words))
+    Arc::new(HeapRegion::from_fn(len, f))
 }
 
 fn bytes_of(r: &HeapRegion) -> &[u8] {
-    // SAFETY: `len()` bytes behind `host_ptr`, alive as long as `r`.
-    unsafe { std::slice::from_raw_parts(r.0.as_ptr().cast::<u8>(), r.len() as usize) }
+    // SAFETY: callers read a region only after every read into it finished.
+    unsafe { r.bytes() }
 }
 
 const TOKEN: &str = "Bearer loopback-token-0123456789";

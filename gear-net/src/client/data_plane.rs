@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gear_api::table::ranges::generation_of;
-use gear_core::{LocalBuffer, MemoryKind, MemoryRegion, ReadOp, RemoteAccess, RemoteHandle, TableSpec, Transport};
+use gear_core::{HeapRegion, LocalBuffer, ReadOp, RemoteAccess, RemoteHandle, TableSpec, Transport};
 
 use super::{
     check_sample_reply, global_probability, sample_request, status, ClusterBatch, ClusterClient, ClusterSample,
@@ -58,28 +58,6 @@ pub enum DataPlane {
     Auto,
 }
 
-/// A heap buffer reads land in.
-struct HeapBuffer(Box<[u64]>);
-
-// SAFETY: the boxed slice lives as long as the value and `host_ptr` points
-// at its `len()` bytes, 8-byte aligned; the transport writes it only while
-// a ticket is in flight, and the client reads it only after every ticket
-// finished.
-unsafe impl MemoryRegion for HeapBuffer {
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn len(&self) -> u64 {
-        self.0.len() as u64 * 8
-    }
-    fn alignment(&self) -> u64 {
-        8
-    }
-    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
-        std::ptr::NonNull::new(self.0.as_ptr() as *mut u8)
-    }
-}
-
 struct Connection {
     incarnation: u64,
     handle: RemoteHandle,
@@ -90,7 +68,7 @@ struct Connection {
 #[derive(Default)]
 pub(super) struct DataPlaneState {
     transport: Option<Box<dyn Transport>>,
-    buffer: Option<(Arc<HeapBuffer>, LocalBuffer)>,
+    buffer: Option<(Arc<HeapRegion>, LocalBuffer)>,
     connections: Vec<Option<Connection>>,
     /// The table spec, asked once (every shard of a table has the same).
     spec: Option<TableSpec>,
@@ -425,9 +403,9 @@ impl ClusterClient {
         if let Some((_, old)) = st.buffer.take() {
             transport.release_local(&old)?;
         }
-        let words = usize::try_from(bytes.div_ceil(8).max(1))
+        let len = usize::try_from(bytes.max(1))
             .map_err(|_| Error::Config(format!("a batch of {bytes} bytes is too large")))?;
-        let region = Arc::new(HeapBuffer(vec![0u64; words].into_boxed_slice()));
+        let region = Arc::new(HeapRegion::zeroed(len));
         let local = transport.register_local(region.clone())?;
         st.buffer = Some((region, local));
         Ok(())
@@ -613,9 +591,8 @@ fn push_rows(rows: &mut Vec<Row>, shard: usize, mass: f64, total: f64, reply: Sa
 }
 
 /// The buffer's bytes, read once every ticket into it finished.
-fn buffer_bytes(region: &HeapBuffer) -> &[u8] {
-    // SAFETY: the boxed slice has `len()` bytes and lives as long as
-    // `region`; callers read only after every ticket writing into it has
-    // finished (or been ended by `disconnect`), so nothing writes it now.
-    unsafe { std::slice::from_raw_parts(region.0.as_ptr().cast::<u8>(), region.len() as usize) }
+fn buffer_bytes(region: &HeapRegion) -> &[u8] {
+    // SAFETY: callers read only after every ticket writing into the buffer
+    // has finished (or been ended by `disconnect`), so nothing writes it now.
+    unsafe { region.bytes() }
 }
