@@ -54,14 +54,14 @@ mod device_select;
 
 use crate::error::{Error, Result};
 use crate::sampler::{BatchMeta, Draws, Gather, SampleConfig};
+use crate::table::ranges::TableMemory;
 use crate::table::ReplayTable;
 use device_select::DeviceSelection;
 use gear_core::TableRegion;
-use gear_core::{BatchLayout, DType, MemoryKind, MemoryRegion, SlotKey, TableView};
+use gear_core::{BatchLayout, DType, MemoryRegion, SlotKey, TableView};
 use gear_cuda::cudarc::driver::{CudaEvent, CudaStream};
 use gear_cuda::{CudaBatch, CudaCollector, CudaDevice, DeviceCache, DeviceMemory, RegisteredRegion};
 use std::collections::HashSet;
-use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 #[cfg(feature = "cuda")]
@@ -169,49 +169,6 @@ impl CudaSamplerOptions {
     }
 }
 
-/// The table's own memory region, seen as a region of its own so it can be
-/// handed to [`CudaDevice::register`] (which takes ownership of what it
-/// registers) while the table keeps owning the bytes.
-struct TableMemory {
-    /// Keeps the table, and so its region, alive.
-    table: ReplayTable,
-}
-
-impl TableMemory {
-    fn region(&self) -> &dyn MemoryRegion {
-        &**self.table.shared.region.region()
-    }
-}
-
-// SAFETY: every method forwards to the table's region, the
-// `Box<dyn MemoryRegion>` its `TableRegion` owns, which keeps the
-// MemoryRegion promises for as long as it lives. That region is dropped
-// only with the table's `Shared`, i.e. after the last `ReplayTable` clone;
-// `self.table` is one, so the heap pool is not freed nor the shared mapping
-// unmapped while this value lives. The host pointer therefore stays valid
-// for `len()` bytes as long as this value (and the registration that owns
-// it) lives.
-unsafe impl MemoryRegion for TableMemory {
-    fn kind(&self) -> MemoryKind {
-        self.region().kind()
-    }
-    fn len(&self) -> u64 {
-        self.region().len()
-    }
-    fn alignment(&self) -> u64 {
-        self.region().alignment()
-    }
-    fn host_ptr(&self) -> Option<NonNull<u8>> {
-        self.region().host_ptr()
-    }
-    fn device_ptr(&self) -> Option<u64> {
-        self.region().device_ptr()
-    }
-    fn name(&self) -> Option<&str> {
-        self.region().name()
-    }
-}
-
 /// A table's memory registered with one device, shared by the table's
 /// samplers in this process.
 struct Mapping {
@@ -223,7 +180,7 @@ struct Mapping {
 impl Mapping {
     /// The table whose memory is registered.
     fn table(&self) -> &ReplayTable {
-        &self.region.inner().table
+        self.region.inner().table()
     }
 }
 
@@ -263,7 +220,7 @@ impl MappingShare {
         // unusable kernel image (or NVRTC, when needed) is reported here,
         // at sampler creation, not by the first sample().
         device.warm_up()?;
-        let region = device.register(TableMemory { table: table.clone() })?;
+        let region = device.register(TableMemory::new(table.clone()))?;
         let m = Arc::new(Mapping { region, device });
         map.push((base, Arc::downgrade(&m)));
         Ok(MappingShare(Some(m)))
@@ -414,7 +371,7 @@ struct CacheFill {
 
 impl CacheFill {
     fn new(device: &CudaDevice, table: &ReplayTable, entries: usize, admit_after: u64) -> Result<Self> {
-        let region = TableRegion::open(TableMemory { table: table.clone() }, Some(table.spec()))?;
+        let region = TableRegion::open(TableMemory::new(table.clone()), Some(table.spec()))?;
         let cache = Arc::new(DeviceCache::new(device, Arc::new(region), entries)?);
         let (tx, rx) = std::sync::mpsc::sync_channel::<SlotKey>(entries.clamp(16, 4096));
         let filler = cache.clone();

@@ -47,31 +47,56 @@ pub const fn generation_of(word: u64) -> u32 {
     (word >> 32) as u32
 }
 
-/// The table's region as a [`MemoryRegion`] that keeps the table open, to
-/// expose to a transport.
-struct TableMemory(ReplayTable);
+/// The table's region as a [`MemoryRegion`] of its own that keeps the table
+/// open: what a transport server exposes, and what a CUDA device registers
+/// (which takes ownership of what it registers) while the table keeps
+/// owning the bytes.
+pub(crate) struct TableMemory {
+    /// Keeps the table, and so its region, alive.
+    table: ReplayTable,
+}
 
-// SAFETY: forwards to the table's own region, which keeps every promise of
-// the trait; the `ReplayTable` clone keeps that region mapped as long as
-// this value lives.
+impl TableMemory {
+    /// The region of `table`.
+    pub(crate) fn new(table: ReplayTable) -> Self {
+        TableMemory { table }
+    }
+
+    /// The table it keeps open.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn table(&self) -> &ReplayTable {
+        &self.table
+    }
+
+    fn region(&self) -> &dyn MemoryRegion {
+        &**self.table.shared.region.region()
+    }
+}
+
+// SAFETY: every method forwards to the table's region, the
+// `Box<dyn MemoryRegion>` its `TableRegion` owns, which keeps the
+// MemoryRegion promises for as long as it lives. That region is dropped
+// only with the table's `Shared`, i.e. after the last `ReplayTable` clone;
+// `self.table` is one, so the heap pool is not freed nor the shared mapping
+// unmapped while this value lives.
 unsafe impl MemoryRegion for TableMemory {
     fn kind(&self) -> gear_core::MemoryKind {
-        self.0.shared.region.region().kind()
+        self.region().kind()
     }
     fn len(&self) -> u64 {
-        self.0.shared.region.region().len()
+        self.region().len()
     }
     fn alignment(&self) -> u64 {
-        self.0.shared.region.region().alignment()
+        self.region().alignment()
     }
     fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
-        self.0.shared.region.region().host_ptr()
+        self.region().host_ptr()
     }
     fn device_ptr(&self) -> Option<u64> {
-        self.0.shared.region.region().device_ptr()
+        self.region().device_ptr()
     }
     fn name(&self) -> Option<&str> {
-        self.0.shared.region.region().name()
+        self.region().name()
     }
 }
 
@@ -80,7 +105,7 @@ impl ReplayTable {
     /// that keeps the table open while it lives: what a transport server
     /// exposes for remote reads of [`RowRanges`].
     pub fn memory(&self) -> Arc<dyn MemoryRegion> {
-        Arc::new(TableMemory(self.clone()))
+        Arc::new(TableMemory::new(self.clone()))
     }
 
     /// Region offset of `slot`'s generation word.
