@@ -63,6 +63,22 @@ pub struct ServerConfig {
     pub tls_client_ca: Option<PathBuf>,
 }
 
+impl ServerConfig {
+    /// Shard `shard` listening on `listen` with the cluster token `token`;
+    /// the default message limit, no TLS.
+    pub fn new(listen: SocketAddr, shard: u32, token: impl Into<String>) -> Self {
+        ServerConfig {
+            listen,
+            shard,
+            token: Some(token.into()),
+            max_message_bytes: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+        }
+    }
+}
+
 /// What the server tells clients about its sampling strategy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StrategyInfo {

@@ -57,15 +57,7 @@ fn cross_shard_prioritized_sampling_matches_one_table() {
     let servers: Vec<ServerHandle> = (0..3u64)
         .map(|s| {
             let ids = s * ITEMS_PER_SHARD..(s + 1) * ITEMS_PER_SHARD;
-            let config = ServerConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                shard: s as u32,
-                token: Some(TOKEN.into()),
-                max_message_bytes: None,
-                tls_cert: None,
-                tls_key: None,
-                tls_client_ca: None,
-            };
+            let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, TOKEN);
             ServerHandle::start(
                 table_with(ids, s + 1),
                 &config,
@@ -122,15 +114,7 @@ fn deterministic_strategies_are_refused_across_shards() {
             let mut t = table.writer().begin(None).unwrap();
             t.append_step(&[StepValue::typed(&[s as i64])]).unwrap();
             t.end().unwrap();
-            let config = ServerConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                shard: s as u32,
-                token: Some(TOKEN.into()),
-                max_message_bytes: None,
-                tls_cert: None,
-                tls_key: None,
-                tls_client_ca: None,
-            };
+            let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, TOKEN);
             ServerHandle::start(
                 table,
                 &config,

@@ -37,15 +37,7 @@ fn serve(tables: &[ReplayTable]) -> Vec<ServerHandle> {
         .iter()
         .enumerate()
         .map(|(s, table)| {
-            let config = ServerConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                shard: s as u32,
-                token: Some(TOKEN.into()),
-                max_message_bytes: None,
-                tls_cert: None,
-                tls_key: None,
-                tls_client_ca: None,
-            };
+            let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, TOKEN);
             let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
             ServerHandle::start(table.clone(), &config, strategy).unwrap()
         })

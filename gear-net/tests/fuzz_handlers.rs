@@ -101,13 +101,8 @@ fn fixture() -> &'static Fixture {
         }
         traj.end().unwrap();
         let config = ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            shard: 0,
-            token: Some(TOKEN.into()),
             max_message_bytes: Some(1 << 20),
-            tls_cert: None,
-            tls_key: None,
-            tls_client_ca: None,
+            ..ServerConfig::new("127.0.0.1:0".parse().unwrap(), 0, TOKEN)
         };
         let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
         let server = ServerHandle::start(table.clone(), &config, strategy).unwrap();

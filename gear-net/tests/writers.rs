@@ -31,15 +31,7 @@ fn shard(s: u32, items: u64) -> ServerHandle {
         t.append_step(&[StepValue::typed(&[-1 - i as i64])]).unwrap();
         t.end().unwrap();
     }
-    let config = ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        shard: s,
-        token: Some(TOKEN.into()),
-        max_message_bytes: None,
-        tls_cert: None,
-        tls_key: None,
-        tls_client_ca: None,
-    };
+    let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s, TOKEN);
     ServerHandle::start(table, &config, strategy()).unwrap()
 }
 
