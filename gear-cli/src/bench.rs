@@ -137,7 +137,7 @@ fn sample_config(c: &BenchConfig) -> Result<SampleConfig> {
     Ok(if c.random_offsets { config.random_start() } else { config })
 }
 
-fn window_for(c: &BenchConfig) -> Result<WindowSpec> {
+pub(crate) fn window_for(c: &BenchConfig) -> Result<WindowSpec> {
     let window = if c.window_len == 0 {
         WindowSpec::whole(c.steps)
     } else {

@@ -5,7 +5,6 @@
 
 use crate::bench::BenchConfig;
 use gear_api::{Error, Result};
-use gear_core::WindowSpec;
 use gear_net::{ClusterClient, ClusterConfig, ClusterSample, DataPlane, RemoteTrajectory, WriteTarget};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -212,6 +211,11 @@ pub fn run_cluster_bench(
     data_plane: DataPlane,
     show_progress: bool,
 ) -> Result<ClusterBenchReport> {
+    if c.inserts == 0 || c.batches == 0 || c.batch == 0 {
+        return Err(Error::Config("--inserts, --batches and --batch must each be at least 1".into()));
+    }
+    // The same window as the one-table bench (--window-len, --window-offset).
+    let window = crate::bench::window_for(c)?;
     if shards > MAX_BENCH_SHARDS {
         return Err(Error::Config(format!(
             "--shards {shards} is above the {MAX_BENCH_SHARDS} shard servers one bench starts on one machine"
@@ -298,8 +302,7 @@ pub fn run_cluster_bench(
     let tcp_insert_cpu = plain.cpu() - cpu_before.1;
     let insert_cpu = cluster_cpu_seconds(&servers) - cpu_before.0 - tcp_insert_cpu;
 
-    let window = if c.window_len == 0 { c.steps } else { c.window_len };
-    let request = ClusterSample { rows: c.batch as u64, window: WindowSpec::last(window), columns: vec![] };
+    let request = ClusterSample { rows: c.batch as u64, window, columns: vec![] };
     client.sample(&request).map_err(net)?;
     let (mut sample_bytes, mut sample_secs, mut tcp_sample_secs) = (0u64, 0.0, 0.0);
     let cpu_before = (cluster_cpu_seconds(&servers), plain.cpu());

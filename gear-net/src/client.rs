@@ -322,6 +322,9 @@ impl ClusterClient {
     /// Draws one batch across every live shard with one table's
     /// distribution (see the module doc).
     pub fn sample(&self, request: &ClusterSample) -> Result<ClusterBatch> {
+        if request.rows == 0 {
+            return Err(Error::Config("a batch needs at least 1 row".into()));
+        }
         if self.byte_range_plane(request) {
             return self.sample_by_ranges(request);
         }

@@ -198,6 +198,8 @@ fn auto_selection_samples_without_rdma() {
     let window = WindowSpec::last(3);
     let batch = cluster.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap();
     check_rows(&batch, window, 16);
+    let empty = cluster.sample(&ClusterSample { rows: 0, window, columns: vec![] });
+    assert!(matches!(empty, Err(gear_net::Error::Config(_))), "{empty:?}");
     // No RDMA device here: Auto gathers on the shards over TCP.
     assert_eq!(cluster.data_plane_kind(), None);
     let small = ClusterSample { rows: 16, window, columns: vec![] };
