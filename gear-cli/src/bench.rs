@@ -57,7 +57,8 @@ pub struct BenchConfig {
     pub insert_batch: u64,
     /// Threads of the bench process sampling at once, each with its own
     /// `Sampler` (a trainer's data-loader threads); the batches are split
-    /// between them.
+    /// between them. With --shards: batches in flight at once, each drawn
+    /// by its own thread through the one cluster client.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub sampler_threads: u64,
 }

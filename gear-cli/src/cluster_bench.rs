@@ -1,6 +1,6 @@
 //! `gear bench --shards N`: N `gear serve` processes on loopback, remote
 //! writers (one per shard) inserting through gRPC, one trainer sampling
-//! across every shard, and beside them a plain TCP loopback stream of the
+//! across every shard (`--sampler-threads` batches in flight), and beside them a plain TCP loopback stream of the
 //! same number of bytes, measured in the same run.
 
 use crate::bench::BenchConfig;
@@ -45,6 +45,9 @@ pub struct ClusterBenchReport {
     pub data_plane: String,
     /// Remote sampling: batches per second.
     pub sample_batches_per_s: f64,
+    /// Batches drawn at once (`--sampler-threads`), each by its own thread
+    /// through the one client, as a trainer's data-loader threads would.
+    pub batches_in_flight: u64,
 }
 
 /// Parses `--data-plane`: `gather` (each shard gathers its rows),
@@ -307,18 +310,40 @@ pub fn run_cluster_bench(
     let (mut sample_bytes, mut sample_secs, mut tcp_sample_secs) = (0u64, 0.0, 0.0);
     let cpu_before = (cluster_cpu_seconds(&servers), plain.cpu());
     progress.phase("remote sample (batches)", c.batches);
-    for i in 0..c.batches {
+    // `--sampler-threads` batches at a time, each drawn by its own thread
+    // through the one client; a round is timed from the first call to the
+    // last reply, then the plain stream moves the round's bytes.
+    let in_flight = c.sampler_threads.max(1);
+    let mut done = 0u64;
+    while done < c.batches {
+        let k = (c.batches - done).min(in_flight);
         let start = Instant::now();
-        let b = client.sample(&request).map_err(net)?;
+        let batches: Vec<_> = if k == 1 {
+            vec![client.sample(&request)]
+        } else {
+            std::thread::scope(|scope| {
+                let calls: Vec<_> = (0..k).map(|_| scope.spawn(|| client.sample(&request))).collect();
+                calls
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| Err(gear_net::Error::Config("a sampler thread panicked".into())))
+                    })
+                    .collect()
+            })
+        };
         sample_secs += start.elapsed().as_secs_f64();
-        if !b.lost.is_empty() {
-            return Err(Error::Config(format!("shards lost during the bench: {:?}", b.lost)));
+        let mut bytes = 0;
+        for b in batches {
+            let b = b.map_err(net)?;
+            if !b.lost.is_empty() {
+                return Err(Error::Config(format!("shards lost during the bench: {:?}", b.lost)));
+            }
+            bytes += b.columns.iter().map(|c| c.len() as u64).sum::<u64>();
         }
-        let bytes = b.columns.iter().map(|c| c.len() as u64).sum::<u64>();
-        drop(b);
         tcp_sample_secs += plain.transfer(bytes)?;
         sample_bytes += bytes;
-        progress.tick(i + 1);
+        done += k;
+        progress.tick(done);
     }
     progress.done();
     let tcp_sample_cpu = plain.cpu() - cpu_before.1;
@@ -342,5 +367,6 @@ pub fn run_cluster_bench(
             None => "shard-gather".into(),
         },
         sample_batches_per_s: c.batches as f64 / sample_secs,
+        batches_in_flight: in_flight,
     })
 }

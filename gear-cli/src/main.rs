@@ -246,8 +246,8 @@ fn main() -> ExitCode {
                     return;
                 }
                 println!(
-                    "{} shard servers on loopback, {} B per trajectory, data plane {}",
-                    r.shards, r.trajectory_bytes, r.data_plane
+                    "{} shard servers on loopback, {} B per trajectory, data plane {}, {} batch(es) in flight",
+                    r.shards, r.trajectory_bytes, r.data_plane, r.batches_in_flight
                 );
                 println!(
                     "remote insert  {:8.3} GB/s ({:.0} traj/s)   plain TCP stream {:8.3} GB/s   ratio {:.2}",
