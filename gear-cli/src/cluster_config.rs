@@ -111,7 +111,8 @@ pub fn cluster_info(path: &Path) -> Result<()> {
             ),
             Err(e) => {
                 failed += 1;
-                println!("shard {s}: {e}");
+                // The error names the shard already.
+                println!("{e}");
             }
         }
     }

@@ -91,13 +91,22 @@ impl ShardChannel {
 
 /// What a failed call through hyper's client means to the cluster client.
 fn hyper_status(e: &hyper_util::client::legacy::Error) -> Status {
+    // hyper's own message is generic ("client error (Connect)"); the cause
+    // (connection refused, no route, reset) is in its sources.
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        why.push_str(": ");
+        why.push_str(&cause.to_string());
+        source = cause.source();
+    }
     if e.is_connect() {
-        Status::unavailable(format!("cannot connect: {e}"))
+        Status::unavailable(format!("cannot connect: {why}"))
     } else {
         // The connection broke or the peer reset the stream: the shard is
         // gone or restarting, which the client handles like a refused
         // connection.
-        Status::unavailable(format!("connection failed: {e}"))
+        Status::unavailable(format!("connection failed: {why}"))
     }
 }
 

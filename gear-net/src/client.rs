@@ -227,6 +227,33 @@ fn status(shard: usize, s: tonic::Status) -> Error {
     Error::Status { shard, status: Box::new(s) }
 }
 
+/// A shard address must be `host:port` with a port: a bare host would be
+/// dialled on port 80 and fail only at the first call.
+fn check_shard_address(shard: usize, addr: &str) -> Result<()> {
+    let bad = |why: &str| Err(Error::Config(format!("shard {shard} address `{addr}` {why}; expected host:port")));
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return bad("has no port");
+    };
+    if host.is_empty() || host.trim_matches(|c| c == '[' || c == ']').is_empty() {
+        return bad("has no host");
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => bad("has no valid port (1 to 65535)"),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Deadlines of zero would fail every call before it is sent.
+fn check_timeouts(config: &ClusterConfig) -> Result<()> {
+    if config.call_timeout.is_zero() || config.connect_timeout.is_zero() {
+        return Err(Error::Config(format!(
+            "call and connect deadlines must be above zero (call {:?}, connect {:?})",
+            config.call_timeout, config.connect_timeout
+        )));
+    }
+    Ok(())
+}
+
 /// The local probability of a shard's own draw, scaled to the cluster.
 fn global_probability(local: f64, shard_mass: f64, total_mass: f64) -> f64 {
     if total_mass > 0.0 {
@@ -244,6 +271,10 @@ impl ClusterClient {
             return Err(Error::Config("a cluster needs at least one shard".into()));
         }
         crate::auth::check_token(&config.token)?;
+        check_timeouts(&config)?;
+        for (s, addr) in config.shards.iter().enumerate() {
+            check_shard_address(s, addr)?;
+        }
         crate::alloc::keep_message_buffers();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let attach = TokenAttach::new(&config.token)?;

@@ -17,7 +17,7 @@ pub enum Error {
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
     /// A shard answered with an error status.
-    #[error("shard {shard}: {status}")]
+    #[error("shard {shard}: {}: {}", status.code(), status.message())]
     Status {
         /// The shard's index in the cluster config.
         shard: usize,

@@ -353,7 +353,8 @@ impl ServerHandle {
             return Err(Error::Config(format!("max_message_bytes {max} must be between 4096 and 2^32 - 1")));
         }
         let builder = crate::tls::server_builder(config)?;
-        let listener = std::net::TcpListener::bind(config.listen)?;
+        let listener = std::net::TcpListener::bind(config.listen)
+            .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", config.listen)))?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
