@@ -14,12 +14,17 @@
 //! domain = "gear.cluster.local"   # the name in their certificates (else each host)
 //! # cert = "client.pem"           # mutual TLS: this client's certificate
 //! # key = "client.key"            # and key
+//!
+//! [rdma]                          # optional: the RDMA device byte-range reads use
+//! # device = "mlx5_0"             # else the first device
+//! # port = 1                      # from 1
+//! # gid_index = 0                 # RoCE v2: usually not 0 (`show_gids`)
 //! ```
 //!
 //! Relative paths are taken from the working directory, as in `[grpc]`.
 
 use gear_api::{Error, Result};
-use gear_net::{ClientTls, ClusterClient, ClusterConfig};
+use gear_net::{ClientTls, ClusterClient, ClusterConfig, RdmaSettings};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,6 +45,9 @@ pub struct ClusterFile {
     pub free_space_refresh_ms: Option<u64>,
     /// TLS towards the shards.
     pub tls: Option<ClusterTls>,
+    /// The RDMA device port the byte-range data plane opens.
+    #[serde(default)]
+    pub rdma: RdmaSettings,
 }
 
 /// The `[tls]` section of a cluster file.
@@ -70,13 +78,16 @@ impl ClusterFile {
 
     /// Parses cluster-file text.
     pub fn parse(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
+        let file: ClusterFile = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        crate::config::check_rdma(&file.rdma, "")?;
+        Ok(file)
     }
 
     /// The client config: resolves the token and reads the TLS files.
     pub fn client_config(&self) -> Result<ClusterConfig> {
         let token = gear_net::auth::resolve_token(self.token.as_deref()).map_err(net)?;
         let mut config = ClusterConfig::new(self.shards.clone(), token);
+        config.rdma = self.rdma.clone();
         if let Some(ms) = self.call_timeout_ms {
             config.call_timeout = Duration::from_millis(ms);
         }

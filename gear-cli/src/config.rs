@@ -40,6 +40,11 @@
 //! # tls_cert = "server.pem"       # TLS: certificate chain and key (PEM)
 //! # tls_key = "server.key"
 //! # tls_client_ca = "ca.pem"      # mutual TLS: clients need a cert from this CA
+//!
+//! [grpc.rdma]                    # optional: the RDMA device of the data plane
+//! # device = "mlx5_0"            # else the first device
+//! # port = 1                     # from 1
+//! # gid_index = 0                # RoCE v2: usually not 0 (`show_gids`)
 //! ```
 
 use gear_api::{Error, Result};
@@ -134,6 +139,15 @@ fn one() -> u64 {
     1
 }
 
+/// Refuses absurd RDMA settings, naming the key under `prefix` (`grpc.`
+/// in a shard config, nothing in a cluster file).
+pub fn check_rdma(settings: &gear_net::RdmaSettings, prefix: &str) -> Result<()> {
+    settings.validate().map_err(|e| match e {
+        gear_net::Error::Config(what) => Error::Config(format!("{prefix}{what}")),
+        e => Error::Backend(Box::new(e)),
+    })
+}
+
 impl TableConfig {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self> {
@@ -144,7 +158,11 @@ impl TableConfig {
 
     /// Parses config text.
     pub fn parse(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
+        let config: TableConfig = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        if let Some(grpc) = &config.grpc {
+            check_rdma(&grpc.rdma, "grpc.")?;
+        }
+        Ok(config)
     }
 
     /// The table spec.
@@ -234,6 +252,31 @@ error_buffer = 16.0
         assert_eq!(spec.columns()[1].dtype(), DType::F32);
         assert_eq!(c.sampler.alpha, Some(0.7));
         c.builder().unwrap();
+    }
+
+    const GRPC: &str = "[grpc]\nlisten = \"127.0.0.1:0\"\nshard = 1\n";
+
+    #[test]
+    fn rdma_settings_parse_with_defaults() {
+        let c = TableConfig::parse(&format!("{EXAMPLE}{GRPC}")).unwrap();
+        assert_eq!(c.grpc.unwrap().rdma, gear_net::RdmaSettings::default());
+        let text = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ndevice = \"mlx5_1\"\nport = 2\ngid_index = 3\n");
+        let rdma = TableConfig::parse(&text).unwrap().grpc.unwrap().rdma;
+        assert_eq!(rdma, gear_net::RdmaSettings { device: Some("mlx5_1".into()), port: 2, gid_index: 3 });
+        let only_gid = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ngid_index = 3\n");
+        let rdma = TableConfig::parse(&only_gid).unwrap().grpc.unwrap().rdma;
+        assert_eq!((rdma.device, rdma.port, rdma.gid_index), (None, 1, 3));
+    }
+
+    #[test]
+    fn absurd_rdma_settings_name_the_key() {
+        let e =
+            |rdma: &str| TableConfig::parse(&format!("{EXAMPLE}{GRPC}[grpc.rdma]\n{rdma}\n")).unwrap_err().to_string();
+        assert!(e("port = 0").contains("grpc.rdma.port is 0"), "{}", e("port = 0"));
+        assert!(e("device = \"\"").contains("grpc.rdma.device is empty"), "{}", e("device = \"\""));
+        assert!(e("port = 256").contains("port"), "{}", e("port = 256"));
+        assert!(e("gid_index = -1").contains("gid_index"), "{}", e("gid_index = -1"));
+        assert!(e("gid = 3").contains("unknown field `gid`"), "{}", e("gid = 3"));
     }
 
     #[test]

@@ -29,8 +29,9 @@ use crate::convert::spec_from_proto;
 use crate::error::{Error, Result};
 use crate::proto::shard_client::ShardClient as GrpcShardClient;
 use crate::proto::{self, InfoRequest, InsertChunk, SampleRequest, SpecRequest, UpdateRequest};
+use crate::rdma_settings::RdmaSettings;
 use bytes::Bytes;
-use gear_core::{Pad, RandomSource, TableSpec, WindowSpec, Xoshiro256};
+use gear_core::{Pad, RandomSource, TableSpec, Transport, WindowSpec, Xoshiro256};
 use parking_lot::Mutex;
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
@@ -106,10 +107,15 @@ pub struct ClusterConfig {
     pub tls: Option<crate::tls::ClientTls>,
     /// How sampled windows travel (default [`DataPlane::Auto`]).
     pub data_plane: DataPlane,
+    /// The RDMA device port the byte-range data plane opens (default: the
+    /// first device, port 1, GID index 0); unused when a transport is
+    /// given to [`ClusterClient::with_transport`].
+    pub rdma: RdmaSettings,
 }
 
 impl ClusterConfig {
-    /// Shards at `addresses`, 10 s call deadlines, 1 s connect deadline.
+    /// Shards at `addresses`, 10 s call deadlines, 1 s connect deadline,
+    /// the default RDMA device settings.
     pub fn new(addresses: Vec<String>, token: impl Into<String>) -> Self {
         ClusterConfig {
             shards: addresses,
@@ -121,6 +127,7 @@ impl ClusterConfig {
             free_space_refresh: Duration::from_millis(500),
             tls: None,
             data_plane: DataPlane::default(),
+            rdma: RdmaSettings::default(),
         }
     }
 }
@@ -265,8 +272,26 @@ fn global_probability(local: f64, shard_mass: f64, total_mass: f64) -> f64 {
 
 impl ClusterClient {
     /// Prepares channels to every shard (connections open lazily, so a
-    /// shard that is down now can join later).
+    /// shard that is down now can join later). The byte-range data plane
+    /// opens the RDMA device `config.rdma` names, if it can.
     pub fn new(config: ClusterConfig) -> Result<Self> {
+        Self::new_inner(config, None)
+    }
+
+    /// As [`ClusterClient::new`], with `transport` carrying the byte-range
+    /// data plane instead of the RDMA device (`config.rdma` is not used and
+    /// no device is opened): [`DataPlane::ByteRange`] and
+    /// [`DataPlane::Auto`] read through it, whatever its kind;
+    /// [`DataPlane::ByteRangeTcp`] still makes its own TCP transport and
+    /// [`DataPlane::ShardGather`] uses none. This is how a caller brings its
+    /// own RDMA verbs (gear-rdma's `RdmaTransport` over any `Verbs`, the
+    /// in-process test fabric included).
+    pub fn with_transport(config: ClusterConfig, transport: Box<dyn Transport>) -> Result<Self> {
+        Self::new_inner(config, Some(transport))
+    }
+
+    fn new_inner(config: ClusterConfig, transport: Option<Box<dyn Transport>>) -> Result<Self> {
+        config.rdma.validate()?;
         if config.shards.is_empty() {
             return Err(Error::Config("a cluster needs at least one shard".into()));
         }
@@ -301,7 +326,7 @@ impl ClusterClient {
             next_writer: Mutex::new(0),
             free_space: Mutex::new(spread::FreeSpace::default()),
             beta: Mutex::new(None),
-            data_plane: Mutex::default(),
+            data_plane: Mutex::new(data_plane::DataPlaneState::with_supplied(transport)),
         })
     }
 

@@ -11,7 +11,8 @@
 //!   table's distribution, routes priority updates to the owning shard,
 //!   spreads writers, and leaves out (and reports) shards that fail;
 //! * [`auth`]: the cluster token every call carries;
-//! * [`tls`]: TLS (and mutual TLS) when the configs name certificates.
+//! * [`tls`]: TLS (and mutual TLS) when the configs name certificates;
+//! * [`rdma_settings`]: which RDMA device port the data plane opens.
 //!
 //! Contract: nothing received from the network can panic a server; every
 //! field is checked before use ([`convert`]), every client call has a
@@ -31,6 +32,7 @@ pub mod connect;
 pub mod convert;
 pub mod error;
 mod pool;
+pub mod rdma_settings;
 pub mod server;
 pub mod tls;
 
@@ -45,5 +47,6 @@ pub use client::{
     WriteTarget,
 };
 pub use error::{Error, Result};
+pub use rdma_settings::RdmaSettings;
 pub use server::{DataPlaneServer, ServerConfig, ServerHandle, ShardService, StrategyInfo};
 pub use tls::ClientTls;

@@ -14,8 +14,9 @@ use crate::proto::{
     HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply, SampleReply, SampleRequest,
     SpecReply, SpecRequest, UpdateReply, UpdateRequest,
 };
+use crate::rdma_settings::RdmaSettings;
 use gear_api::{ReplayTable, SampleConfig, Sampler, StepValue, Trajectory};
-use gear_core::{check_priority, SlotKey};
+use gear_core::{check_priority, SlotKey, TransportServer};
 use gear_sampler::{StrategyKind, StrategyParams};
 use parking_lot::Mutex;
 use serde::Deserialize;
@@ -43,6 +44,11 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 256 << 20;
 /// # tls_cert = "server.pem" # TLS: this server's certificate chain (PEM)
 /// # tls_key = "server.key"  # and its private key
 /// # tls_client_ca = "ca.pem" # mutual TLS: clients need a certificate from this CA
+///
+/// [grpc.rdma]               # optional: the RDMA device (feature `rdma`)
+/// # device = "mlx5_0"       # else the first device
+/// # port = 1
+/// # gid_index = 0           # RoCE v2: usually not 0 (see `show_gids`)
 /// ```
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -61,11 +67,16 @@ pub struct ServerConfig {
     pub tls_key: Option<PathBuf>,
     /// Ask clients for a certificate signed by this CA (PEM; mutual TLS).
     pub tls_client_ca: Option<PathBuf>,
+    /// The RDMA device port the data plane opens (default: the first
+    /// device, port 1, GID index 0); unused when a transport server is
+    /// injected with [`ServerHandle::start_with_transport`].
+    #[serde(default)]
+    pub rdma: RdmaSettings,
 }
 
 impl ServerConfig {
     /// Shard `shard` listening on `listen` with the cluster token `token`;
-    /// the default message limit, no TLS.
+    /// the default message limit, no TLS, the default RDMA device settings.
     pub fn new(listen: SocketAddr, shard: u32, token: impl Into<String>) -> Self {
         ServerConfig {
             listen,
@@ -75,6 +86,7 @@ impl ServerConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            rdma: RdmaSettings::default(),
         }
     }
 }
@@ -344,9 +356,35 @@ impl std::fmt::Debug for ServerHandle {
 
 impl ServerHandle {
     /// Binds `config.listen` (port 0 picks a free port) and serves `table`
-    /// on a background runtime.
+    /// on a background runtime. The data plane serves TCP, and RDMA where
+    /// the device `config.rdma` names can be opened.
     pub fn start(table: ReplayTable, config: &ServerConfig, strategy: StrategyInfo) -> Result<Self> {
+        Self::start_inner(table, config, strategy, None)
+    }
+
+    /// As [`ServerHandle::start`], with `transport_server` serving the data
+    /// plane's non-TCP transport (its [`kind`](TransportServer::kind))
+    /// instead of the RDMA device: `config.rdma` is not used and no device
+    /// is opened. TCP is served as always. This is how a caller brings its
+    /// own RDMA verbs (gear-rdma's `RdmaServer` over any `Verbs`, the
+    /// in-process test fabric included).
+    pub fn start_with_transport(
+        table: ReplayTable,
+        config: &ServerConfig,
+        strategy: StrategyInfo,
+        transport_server: Box<dyn TransportServer>,
+    ) -> Result<Self> {
+        Self::start_inner(table, config, strategy, Some(transport_server))
+    }
+
+    fn start_inner(
+        table: ReplayTable,
+        config: &ServerConfig,
+        strategy: StrategyInfo,
+        transport_server: Option<Box<dyn TransportServer>>,
+    ) -> Result<Self> {
         crate::alloc::keep_message_buffers();
+        config.rdma.validate()?;
         let token = resolve_token(config.token.as_deref())?;
         let max = config.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE_BYTES);
         if !(4096..=u64::from(u32::MAX)).contains(&max) {
@@ -359,8 +397,11 @@ impl ServerHandle {
         let local_addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
         let service = ShardService::new(table.clone(), config.shard, strategy, max);
-        let data_plane =
-            Arc::new(DataPlaneServer::start(&table, config.shard, service.incarnation(), local_addr.to_string())?);
+        let (shard, incarnation, address) = (config.shard, service.incarnation(), local_addr.to_string());
+        let data_plane = Arc::new(match transport_server {
+            None => DataPlaneServer::start(&table, shard, incarnation, address, &config.rdma)?,
+            Some(server) => DataPlaneServer::with_transport_server(&table, shard, incarnation, address, server)?,
+        });
         let data_service = data_plane.tcp_service();
         let service = service.with_data_plane(data_plane);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -52,13 +52,10 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 fn server_config(cert: Option<PathBuf>, key: Option<PathBuf>, client_ca: Option<PathBuf>) -> ServerConfig {
     ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        shard: 0,
-        token: Some(TOKEN.into()),
-        max_message_bytes: None,
         tls_cert: cert,
         tls_key: key,
         tls_client_ca: client_ca,
+        ..ServerConfig::new("127.0.0.1:0".parse().unwrap(), 0, TOKEN)
     }
 }
 

@@ -6,7 +6,12 @@
 //!
 //! What it models, after the RC rules in [`crate::verbs`]: memory regions
 //! with lkeys and rkeys and access rights checked on every request; queue
-//! pairs found by (GID, QP number) that must be connected to each other;
+//! pairs found by (GID, QP number) that must be connected to each other,
+//! with matching PSNs (each side's receive PSN is the other's send PSN),
+//! each side naming the other's LID, and one path MTU no larger than
+//! either port's (a mismatch ends in `RetryExceeded`, as packets that
+//! never match end on hardware), so a connection descriptor that lost or
+//! garbled a field fails its reads instead of passing;
 //! READs refused when the initiator's `max_rd_atomic` or the responder's
 //! `max_dest_rd_atomic` is 0 (as on hardware, where sideway's examples'
 //! zeros make every READ fail); completions in order, signalled ones only
@@ -187,6 +192,19 @@ impl InProcessVerbs {
         self.with_queue_pair(qp_number, |qp| qp.post_limit = Some(posted))
     }
 
+    /// This node's queue pairs connected to the node with GID `peer`, in
+    /// no particular order (tests pick one shard's connection to inject
+    /// faults on).
+    pub fn queue_pairs_to(&self, peer: [u8; 16]) -> Vec<u32> {
+        let st = lock(&self.fabric.state);
+        let Some(node) = st.nodes.get(&self.gid) else { return Vec::new() };
+        node.queue_pairs
+            .iter()
+            .filter(|(_, qp)| qp.connected.is_some_and(|a| a.remote_gid == peer))
+            .map(|(&n, _)| n)
+            .collect()
+    }
+
     /// Whether `qp_number` is in the error state.
     pub fn is_errored(&self, qp_number: u32) -> Result<bool> {
         self.with_queue_pair(qp_number, |qp| qp.errored)
@@ -217,6 +235,7 @@ fn execute(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: ReadReq
 /// Checks every rule a READ must pass, then copies the bytes.
 fn read_status(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: &ReadRequest) -> CompletionStatus {
     let Some(node) = st.nodes.get_mut(&gid) else { return CompletionStatus::Flushed };
+    let local_port = node.port;
     let Some(qp) = node.queue_pairs.get_mut(&qp_number) else { return CompletionStatus::Flushed };
     if qp.errored {
         return CompletionStatus::Flushed;
@@ -242,6 +261,9 @@ fn read_status(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: &Re
     if peer_attrs.remote_gid != gid || peer_attrs.remote_qp_number != qp_number || peer_qp.errored {
         return CompletionStatus::RetryExceeded;
     }
+    if !path_agrees(&attrs, &peer_attrs, &local_port, &peer.port) {
+        return CompletionStatus::RetryExceeded;
+    }
     if peer_attrs.max_dest_rd_atomic == 0 {
         return CompletionStatus::RemoteInvalidRequest;
     }
@@ -263,6 +285,23 @@ fn read_status(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: &Re
         std::ptr::copy(request.remote_addr as usize as *const u8, request.local_addr as usize as *mut u8, len as usize)
     };
     CompletionStatus::Success
+}
+
+/// Whether two queue pairs connected to each other agree on the path as
+/// hardware needs: each one's receive PSN is the other's send PSN, each
+/// names the other's LID, and both use one MTU no larger than either port's.
+fn path_agrees(
+    ours: &ConnectAttributes,
+    theirs: &ConnectAttributes,
+    our_port: &PortAttributes,
+    their_port: &PortAttributes,
+) -> bool {
+    ours.remote_psn == theirs.local_psn
+        && theirs.remote_psn == ours.local_psn
+        && ours.remote_lid == their_port.lid
+        && theirs.remote_lid == our_port.lid
+        && ours.mtu == theirs.mtu
+        && ours.mtu <= our_port.mtu.min(their_port.mtu)
 }
 
 impl Verbs for InProcessVerbs {

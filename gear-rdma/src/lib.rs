@@ -11,7 +11,7 @@
 //! handling, retries, error reporting) is written against the [`Verbs`]
 //! trait, which has two implementations:
 //!
-//! * [`SidewayVerbs`] (feature `rdma`): rdma-core through the `sideway`
+//! * `SidewayVerbs` (feature `rdma`): rdma-core through the `sideway`
 //!   crate, which loads `libibverbs.so.1` at run time; a machine without
 //!   the library or a device gets [`Error::Unavailable`], never a crash.
 //!   **It has not run on RDMA hardware yet**; `cargo xtask rdma-test` is the

@@ -3,7 +3,7 @@
 //! completion queue, reliable-connection queue pairs connected by GID,
 //! chains of READ work requests, polling completions), as plain data.
 //!
-//! Two implementations: [`crate::sideway_verbs::SidewayVerbs`] (feature
+//! Two implementations: `sideway_verbs::SidewayVerbs` (feature
 //! `rdma`) over rdma-core, and [`crate::in_process::InProcessVerbs`], a test
 //! implementation in one process used by the tests, which run where no RDMA
 //! device exists. The semantics both keep are the ones of RC queue pairs in

@@ -139,3 +139,50 @@ fn the_transport_sets_read_limits_even_where_the_device_reports_none() {
     let want: Vec<u8> = (64..192).map(|i| pattern(5, i)).collect();
     assert_eq!(local.snapshot(), want);
 }
+
+#[test]
+fn a_descriptor_with_a_wrong_psn_lid_or_mtu_fails_its_reads() {
+    // InfiniBand-like ports (LIDs set) with different MTUs: the path MTU
+    // is the smaller one, and every field of the descriptor matters.
+    let port = |n: u8, lid: u16, mtu: u32| PortAttributes {
+        gid: gid(n),
+        gid_index: 3,
+        lid,
+        mtu,
+        max_read_initiator: 16,
+        max_read_responder: 16,
+    };
+    type Tamper = fn(&mut gear_core::RdmaEndpoint);
+    let cases: [(&str, Tamper); 4] = [
+        ("untouched", |_| {}),
+        ("psn", |p| p.queue_pairs[0].psn ^= 1),
+        ("lid", |p| p.lid += 1),
+        ("mtu", |p| p.mtu = 4096),
+    ];
+    for (what, tamper) in cases {
+        let fabric = InProcessFabric::new();
+        let server = RdmaServer::new(fabric.add_node_with(port(2, 0x22, 1024)).unwrap()).unwrap();
+        let region = TestBuffer::new(4096, |i| pattern(0, i));
+        let exposed = server.expose(0, 1, region.clone()).unwrap();
+        let config = RdmaConfig { queue_pairs: 1, max_attempts: 1, ..RdmaConfig::default() };
+        let client = RdmaTransport::new(fabric.add_node_with(port(1, 0x11, 4096)).unwrap(), config).unwrap();
+        let pending = client.prepare_connection(0).unwrap();
+        let mut remote = server.accept(&exposed, &pending.endpoint).unwrap();
+        if let gear_core::RemoteAccess::Rdma { peer, .. } = &mut remote.access {
+            tamper(peer);
+        }
+        let handle = client.connect(pending, &remote).unwrap();
+        let local = TestBuffer::new(64, |_| 0);
+        let buffer = client.register_local(local.clone()).unwrap();
+        let ticket =
+            client.post_reads(&handle, &buffer, &[ReadOp { remote_offset: 100, local_offset: 0, len: 64 }]).unwrap();
+        let outcome = client.wait(&ticket, Instant::now() + Duration::from_secs(10));
+        if what == "untouched" {
+            outcome.unwrap();
+            assert_eq!(local.snapshot()[..], region.snapshot()[100..164]);
+        } else {
+            assert!(outcome.is_err(), "a descriptor with a changed {what} still read");
+            assert!(local.snapshot().iter().all(|&b| b == 0), "{what}: bytes landed");
+        }
+    }
+}

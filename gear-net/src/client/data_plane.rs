@@ -12,7 +12,16 @@
 //! generation). A row whose generation changed was overwritten during the
 //! read: it is dropped and drawn again from the same shard, at most
 //! [`MAX_READ_ATTEMPTS`] times, then the batch fails. A shard whose call or
-//! reads fail is left out and reported, its rows drawn from the others.
+//! reads fail is left out and reported, its rows drawn from the others;
+//! its connection is ended and made again on its next batch.
+//!
+//! A shard that does not serve the client's transport (it answers
+//! `Connect` with `failed_precondition`, e.g. "this shard does not serve
+//! rdma") is not lost: its rows are drawn by the shard-gather `Sample` and
+//! merged into the batch with the same global probabilities and weights.
+//! The client remembers that shard as gather-only for its incarnation, so
+//! it asks to connect again only after the shard restarted; the one ranged
+//! draw made before the refusal is discarded.
 //!
 //! The batch buffers (every column of every row, then the generation
 //! words) are registered with the transport once and reused; the finished
@@ -21,6 +30,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use gear_api::table::ranges::generation_of;
 use gear_core::{HeapRegion, LocalBuffer, ReadOp, RemoteAccess, RemoteHandle, TableSpec, Transport};
 
@@ -67,6 +77,9 @@ struct Connection {
 /// registered batch buffer, and a connection per shard.
 #[derive(Default)]
 pub(super) struct DataPlaneState {
+    /// The transport given to [`ClusterClient::with_transport`], until the
+    /// first sample takes it.
+    supplied: Option<Box<dyn Transport>>,
     transport: Option<Box<dyn Transport>>,
     buffer: Option<(Arc<HeapRegion>, LocalBuffer)>,
     connections: Vec<Option<Connection>>,
@@ -74,7 +87,30 @@ pub(super) struct DataPlaneState {
     spec: Option<TableSpec>,
     /// Whether a transport was tried (made once, on the first sample).
     tried: bool,
+    /// Per shard, the incarnation that refused to connect over the
+    /// transport: its rows are gathered until it restarts.
+    gather_only: Vec<Option<u64>>,
 }
+
+impl DataPlaneState {
+    /// A state whose byte-range transport will be `supplied` (else made
+    /// from the config on first use).
+    pub(super) fn with_supplied(supplied: Option<Box<dyn Transport>>) -> Self {
+        DataPlaneState { supplied, ..DataPlaneState::default() }
+    }
+}
+
+/// Where a row's window bytes come from.
+enum RowBytes {
+    /// Read from the shard's region at these ranges.
+    Remote(RowRange),
+    /// Gathered by the shard (it does not serve the transport): each
+    /// requested column's whole window, padding included.
+    Gathered(Vec<Bytes>),
+}
+
+/// A shard and how many rows to draw from it.
+type ShardRows = (usize, u64);
 
 /// One row of the batch being read.
 struct Row {
@@ -85,7 +121,17 @@ struct Row {
     p_local: f64,
     mass: f64,
     total: f64,
-    range: RowRange,
+    bytes: RowBytes,
+}
+
+impl Row {
+    /// The ranges to read, for a row read from the shard's region.
+    fn range(&self) -> Option<&RowRange> {
+        match &self.bytes {
+            RowBytes::Remote(range) => Some(range),
+            RowBytes::Gathered(_) => None,
+        }
+    }
 }
 
 /// Where each column of row `r` and its generation word sit in the buffer.
@@ -105,29 +151,34 @@ impl Placement {
     fn bytes(&self) -> u64 {
         self.generation_base() + 8 * self.rows
     }
-    /// Read ops of row `r`'s windows, checked against the window first (the
-    /// ranges come from the network).
-    fn window_ops(&self, r: usize, row: &Row) -> std::result::Result<Vec<ReadOp>, String> {
+    /// Read ops of row `r`'s windows (at `range`), checked against the
+    /// window first (the ranges come from the network).
+    fn window_ops(&self, r: usize, row: &Row, range: &RowRange) -> std::result::Result<Vec<ReadOp>, String> {
         let n = self.step_bytes.len();
-        if row.range.offsets.len() != n || row.range.lens.len() != n {
-            return Err(format!("{} ranges for {n} columns", row.range.offsets.len()));
+        if range.offsets.len() != n || range.lens.len() != n {
+            return Err(format!("{} ranges for {n} columns", range.offsets.len()));
         }
-        if row.len.checked_add(row.range.dst_step).is_none_or(|e| e > self.window) {
+        if row.len.checked_add(range.dst_step).is_none_or(|e| e > self.window) {
             return Err(format!(
                 "{} steps at row step {} overflow a window of {}",
-                row.len, row.range.dst_step, self.window
+                row.len, range.dst_step, self.window
             ));
         }
         (0..n)
             .map(|c| {
                 let s = self.step_bytes[c];
-                if row.range.lens[c] != row.len * s {
-                    return Err(format!("column {c}: {} bytes for {} steps of {s}", row.range.lens[c], row.len));
+                if range.lens[c] != row.len * s {
+                    return Err(format!("column {c}: {} bytes for {} steps of {s}", range.lens[c], row.len));
                 }
-                let local = self.column_base(c) + (r as u64 * self.window + row.range.dst_step) * s;
-                Ok(ReadOp { remote_offset: row.range.offsets[c], local_offset: local, len: row.range.lens[c] })
+                let local = self.column_base(c) + (r as u64 * self.window + range.dst_step) * s;
+                Ok(ReadOp { remote_offset: range.offsets[c], local_offset: local, len: range.lens[c] })
             })
             .collect()
+    }
+
+    /// Bytes of one row's window of every column.
+    fn window_bytes(&self, c: usize) -> u64 {
+        self.step_bytes[c] * self.window
     }
 }
 
@@ -142,12 +193,15 @@ impl ClusterClient {
                 st.transport = match self.config.data_plane {
                     DataPlane::ShardGather => None,
                     DataPlane::ByteRangeTcp => self.tcp_transport(),
-                    DataPlane::ByteRange => self.rdma_transport().or_else(|| self.tcp_transport()),
+                    DataPlane::ByteRange => {
+                        st.supplied.take().or_else(|| self.rdma_transport()).or_else(|| self.tcp_transport())
+                    }
                     // Without RDMA, Auto gathers on the shards: no TCP
                     // transport is made.
-                    DataPlane::Auto => self.rdma_transport(),
+                    DataPlane::Auto => st.supplied.take().or_else(|| self.rdma_transport()),
                 };
                 st.connections = (0..self.shards.len()).map(|_| None).collect();
+                st.gather_only = vec![None; self.shards.len()];
             }
             if st.transport.is_none() {
                 return false;
@@ -193,7 +247,7 @@ impl ClusterClient {
     }
 
     fn rdma_transport(&self) -> Option<Box<dyn Transport>> {
-        match gear_rdma::device_transport(None, 1, 0, gear_rdma::RdmaConfig::default()) {
+        match self.config.rdma.device_transport() {
             Ok(t) => Some(t),
             Err(e) => {
                 eprintln!("gear-net: rdma data plane unavailable ({e})");
@@ -262,18 +316,24 @@ impl ClusterClient {
         Ok(())
     }
 
-    /// Ranged draws of `counts[s]` rows from each shard `s`, at once.
-    fn draw_ranges(
+    /// Draws of `counts[s]` rows from each shard `s`, at once: ranged
+    /// (`ranges`: the shards reply with where the windows are) or gathered
+    /// (the shards reply with the windows' bytes).
+    fn draw(
         &self,
         request: &ClusterSample,
         counts: &[(usize, u64)],
+        ranges: bool,
     ) -> Vec<(usize, u64, std::result::Result<SampleReply, Error>)> {
+        if counts.is_empty() {
+            return Vec::new();
+        }
         self.runtime.block_on(async {
             let mut calls = Vec::new();
             for &(s, n) in counts {
                 let mut c = self.shards[s].clone();
                 let mut req = sample_request(request, n, self.config.call_timeout);
-                req.ranges = true;
+                req.ranges = ranges;
                 calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
             }
             let mut out = Vec::new();
@@ -282,7 +342,7 @@ impl ClusterClient {
                     Ok(Ok(reply)) => {
                         let reply = reply.into_inner();
                         match check_sample_reply(s, n, &reply) {
-                            Ok(()) if reply.row_ranges.len() == n as usize => Ok(reply),
+                            Ok(()) if !ranges || reply.row_ranges.len() == n as usize => Ok(reply),
                             Ok(()) => Err(Error::Malformed { shard: s, what: "row ranges missing".into() }),
                             Err(e) => Err(e),
                         }
@@ -329,28 +389,44 @@ impl ClusterClient {
                 return Err(Error::NoShard(format!("no shard holds items (lost: {:?})", batch.lost)));
             }
             let counts = self.allocate(&masses, remaining);
-            let counts: Vec<(usize, u64)> = counts.into_iter().enumerate().filter(|&(_, n)| n > 0).collect();
+            let (ranged, mut gathered): (Vec<ShardRows>, Vec<ShardRows>) = counts
+                .into_iter()
+                .enumerate()
+                .filter(|&(_, n)| n > 0)
+                .partition(|&(s, _)| !self.is_gather_only(&st, s));
             let first = if std::mem::take(&mut shifted) { 0 } else { rows.len() };
             let lose = |s: usize, reason: String, masses: &mut Vec<f64>, batch: &mut ClusterBatch| {
                 self.mark_lost(s, &reason);
                 batch.lost.push(LostShard { shard: s, reason });
                 masses[s] = 0.0;
             };
-            for (s, n, reply) in self.draw_ranges(request, &counts) {
-                let reply = match reply.and_then(|r| self.connection(&mut st, s, r.incarnation).map(|()| r)) {
-                    Ok(r) => r,
-                    Err(Error::Status { status: e, .. })
-                        if matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) =>
-                    {
-                        return Err(status(s, *e));
+            for (s, n, reply) in self.draw(request, &ranged, true) {
+                let connected = reply.and_then(|r| match self.connection(&mut st, s, r.incarnation) {
+                    Ok(()) => Ok(Some(r)),
+                    // It does not serve this transport: gather its rows.
+                    Err(Error::Status { status: e, .. }) if e.code() == tonic::Code::FailedPrecondition => {
+                        self.mark_gather_only(&mut st, s, r.incarnation, e.message());
+                        Ok(None)
                     }
-                    Err(e) => {
-                        lose(s, e.to_string(), &mut masses, &mut batch);
-                        continue;
+                    Err(e) => Err(e),
+                });
+                match connected {
+                    Ok(Some(reply)) => {
+                        remaining -= n;
+                        push_rows(&mut rows, s, masses[s], total, reply);
                     }
-                };
-                remaining -= n;
-                push_rows(&mut rows, s, masses[s], total, reply);
+                    Ok(None) => gathered.push((s, n)),
+                    Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut batch),
+                }
+            }
+            for (s, n, reply) in self.draw(request, &gathered, false) {
+                match reply {
+                    Ok(reply) => {
+                        push_gathered(&mut rows, s, masses[s], total, reply, &place)?;
+                        remaining -= n;
+                    }
+                    Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut batch),
+                }
             }
             // Read the new rows; a shard whose reads fail gives its rows back.
             let failed = self.read_rows(&mut st, request, &place, &mut rows, first)?;
@@ -367,6 +443,22 @@ impl ClusterClient {
         }
         self.assemble(&st, &place, &rows, min_mass, beta, &mut batch);
         Ok(batch)
+    }
+
+    /// Whether `shard`'s rows are gathered: it refused to connect over the
+    /// transport in the incarnation it answered `Info` with this batch.
+    fn is_gather_only(&self, st: &DataPlaneState, shard: usize) -> bool {
+        let known = self.state.lock()[shard].incarnation;
+        st.gather_only[shard].is_some_and(|refused| known == Some(refused))
+    }
+
+    fn mark_gather_only(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64, reason: &str) {
+        let kind = st.transport.as_ref().map_or("the transport", |t| t.kind().name());
+        eprintln!(
+            "gear-net: shard {shard} ({}) does not serve {kind} ({reason}); its rows are gathered by the shard",
+            self.config.shards[shard]
+        );
+        st.gather_only[shard] = Some(incarnation);
     }
 
     /// The spec, from the first shard that answers.
@@ -421,7 +513,8 @@ impl ClusterClient {
         rows: &mut [Row],
         first: usize,
     ) -> Result<Vec<(usize, String)>> {
-        let mut pending: Vec<usize> = (first..rows.len()).collect();
+        // Gathered rows are complete already.
+        let mut pending: Vec<usize> = (first..rows.len()).filter(|&r| rows[r].range().is_some()).collect();
         let mut failed: Vec<(usize, String)> = Vec::new();
         for attempt in 1..=MAX_READ_ATTEMPTS {
             pending.retain(|&r| !failed.iter().any(|(s, _)| *s == rows[r].shard));
@@ -431,8 +524,10 @@ impl ClusterClient {
             // Windows first, to every shard before waiting on any.
             let mut window_ops: Vec<(usize, Vec<ReadOp>)> = Vec::new();
             for &r in &pending {
-                let ops =
-                    place.window_ops(r, &rows[r]).map_err(|what| Error::Malformed { shard: rows[r].shard, what })?;
+                let Some(range) = rows[r].range() else { continue };
+                let ops = place
+                    .window_ops(r, &rows[r], range)
+                    .map_err(|what| Error::Malformed { shard: rows[r].shard, what })?;
                 match window_ops.iter_mut().find(|(s, _)| *s == rows[r].shard) {
                     Some((_, list)) => list.extend(ops),
                     None => window_ops.push((rows[r].shard, ops)),
@@ -443,8 +538,9 @@ impl ClusterClient {
             pending.retain(|&r| !failed.iter().any(|(s, _)| *s == rows[r].shard));
             let mut gen_ops: Vec<(usize, Vec<ReadOp>)> = Vec::new();
             for &r in &pending {
+                let Some(range) = rows[r].range() else { continue };
                 let op = ReadOp {
-                    remote_offset: rows[r].range.generation_offset,
+                    remote_offset: range.generation_offset,
                     local_offset: place.generation_base() + 8 * r as u64,
                     len: 8,
                 };
@@ -479,7 +575,7 @@ impl ClusterClient {
                     None => counts.push((rows[r].shard, 1)),
                 }
             }
-            for (s, _, reply) in self.draw_ranges(request, &counts) {
+            for (s, _, reply) in self.draw(request, &counts, true) {
                 let targets: Vec<usize> = torn.iter().copied().filter(|&r| rows[r].shard == s).collect();
                 match reply {
                     Ok(reply) => {
@@ -521,12 +617,14 @@ impl ClusterClient {
         let deadline = Instant::now() + self.config.call_timeout;
         for ((s, t), r) in shards.iter().zip(&tickets).zip(transport.wait_all(&tickets, deadline)) {
             if let Err(e) = r {
+                // End the connection and connect again next time: after a
+                // timeout its reads are still in flight (end them before
+                // the buffer is reused); after a failed read it may have
+                // no live queue pair left.
+                if let Some(conn) = st.connections[*s].take() {
+                    let _ = transport.disconnect(&conn.handle);
+                }
                 if matches!(e, gear_core::Error::Timeout(_)) {
-                    // Its reads stay in flight: end them before the buffer
-                    // is reused, and connect again next time.
-                    if let Some(conn) = st.connections[*s].take() {
-                        let _ = transport.disconnect(&conn.handle);
-                    }
                     let _ = transport.wait(t, Instant::now() + Duration::from_secs(1));
                 }
                 failed.push((*s, format!("reads failed: {e}")));
@@ -552,9 +650,16 @@ impl ClusterClient {
             place.step_bytes.iter().map(|&s| Vec::with_capacity((s * place.window) as usize * rows.len())).collect();
         for (r, row) in rows.iter().enumerate() {
             for (c, &s) in place.step_bytes.iter().enumerate() {
-                let base = (place.column_base(c) + r as u64 * place.window * s) as usize;
-                let (lo, hi) = ((row.range.dst_step * s) as usize, ((row.range.dst_step + row.len) * s) as usize);
                 let out = &mut batch.columns[c];
+                let range = match &row.bytes {
+                    RowBytes::Remote(range) => range,
+                    RowBytes::Gathered(columns) => {
+                        out.extend_from_slice(&columns[c]);
+                        continue;
+                    }
+                };
+                let base = (place.column_base(c) + r as u64 * place.window * s) as usize;
+                let (lo, hi) = ((range.dst_step * s) as usize, ((range.dst_step + row.len) * s) as usize);
                 out.resize(out.len() + lo, 0);
                 out.extend_from_slice(&bytes[base + lo..base + hi]);
                 out.resize(out.len() + (place.window * s) as usize - hi, 0);
@@ -580,8 +685,66 @@ fn row_of(reply: &SampleReply, i: usize, shard: usize, mass: f64, total: f64) ->
         p_local: reply.probabilities[i],
         mass,
         total,
-        range: reply.row_ranges[i].clone(),
+        bytes: RowBytes::Remote(reply.row_ranges[i].clone()),
     }
+}
+
+/// A failed call's error if it must end the batch (the request is invalid
+/// or too large for the shard: every shard would refuse it), else the
+/// reason to report the shard lost with.
+fn refusal(shard: usize, e: Error) -> Result<String> {
+    match e {
+        Error::Status { status: e, .. }
+            if matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) =>
+        {
+            Err(status(shard, *e))
+        }
+        e => Ok(e.to_string()),
+    }
+}
+
+/// Adds the rows of a gathered `Sample` reply (checked by
+/// `check_sample_reply`), each column cut into its rows' windows without
+/// copying.
+fn push_gathered(
+    rows: &mut Vec<Row>,
+    shard: usize,
+    mass: f64,
+    total: f64,
+    reply: SampleReply,
+    place: &Placement,
+) -> Result<()> {
+    let n = reply.keys.len();
+    let sizes: Vec<usize> = reply.columns.iter().map(Bytes::len).collect();
+    let expected: Vec<usize> = (0..place.step_bytes.len()).map(|c| n * place.window_bytes(c) as usize).collect();
+    if sizes != expected {
+        return Err(Error::Malformed {
+            shard,
+            what: format!("gathered columns have {sizes:?} bytes for {n} rows, expected {expected:?}"),
+        });
+    }
+    for i in 0..n {
+        let columns = reply
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(c, bytes)| {
+                let w = place.window_bytes(c) as usize;
+                bytes.slice(i * w..(i + 1) * w)
+            })
+            .collect();
+        rows.push(Row {
+            shard,
+            key: RemoteKey::from(&reply.keys[i]),
+            len: reply.lengths[i],
+            start: reply.starts[i],
+            p_local: reply.probabilities[i],
+            mass,
+            total,
+            bytes: RowBytes::Gathered(columns),
+        });
+    }
+    Ok(())
 }
 
 fn push_rows(rows: &mut Vec<Row>, shard: usize, mass: f64, total: f64, reply: SampleReply) {

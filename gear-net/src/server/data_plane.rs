@@ -4,9 +4,11 @@
 //! with where each row's window is in the region.
 //!
 //! TCP (gear-tcp) always runs, on the shard's gRPC port behind the same
-//! token check. RDMA (gear-rdma) runs only when gear-net is built with the
-//! `rdma` feature and the machine has a device; otherwise the server logs
-//! why and serves TCP alone.
+//! token check. A second transport runs beside it: the transport server
+//! the caller injected ([`DataPlaneServer::with_transport_server`]), or
+//! else RDMA (gear-rdma) on the device [`RdmaSettings`] name, which opens
+//! only when gear-net is built with the `rdma` feature and the machine has
+//! that device; otherwise the server logs why and serves TCP alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,29 +23,41 @@ use crate::connect::{endpoint_from_request, reply_from_remote};
 use crate::convert::{key_to_proto, table_status};
 use crate::error::{Error, Result};
 use crate::proto::{ConnectReply, ConnectRequest, RowRange, SampleReply, SampleRequest};
+use crate::rdma_settings::RdmaSettings;
 
 /// The transport servers of one shard, with the table's region exposed on
 /// each.
 pub struct DataPlaneServer {
     tcp: TcpServer,
     tcp_region: ExposedRegion,
-    rdma: Option<(Box<dyn TransportServer>, ExposedRegion)>,
+    /// The second transport (RDMA), serving the kind it reports.
+    other: Option<(Box<dyn TransportServer>, ExposedRegion)>,
 }
 
 impl std::fmt::Debug for DataPlaneServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DataPlaneServer").field("tcp", &self.tcp).field("rdma", &self.rdma.is_some()).finish()
+        f.debug_struct("DataPlaneServer")
+            .field("tcp", &self.tcp)
+            .field("other", &self.other.as_ref().map(|(s, _)| s.kind()))
+            .finish()
     }
 }
 
 impl DataPlaneServer {
     /// Exposes `table`'s region over TCP (descriptors name `tcp_address`,
     /// where the shard's gRPC server listens) and, where RDMA can run, over
-    /// RDMA too (device 1, port 1, GID index 0).
-    pub fn start(table: &ReplayTable, shard: u32, incarnation: u64, tcp_address: String) -> Result<Self> {
+    /// RDMA too, on the device, port and GID index `rdma` names.
+    pub fn start(
+        table: &ReplayTable,
+        shard: u32,
+        incarnation: u64,
+        tcp_address: String,
+        rdma: &RdmaSettings,
+    ) -> Result<Self> {
+        rdma.validate()?;
         let tcp = TcpServer::new(tcp_address).map_err(|e| Error::Config(e.to_string()))?;
         let tcp_region = tcp.expose(shard, incarnation, table.memory())?;
-        let rdma = match gear_rdma::device_server(None, 1, 0) {
+        let other = match rdma.device_server() {
             Ok(server) => match server.expose(shard, incarnation, table.memory()) {
                 Ok(exposed) => Some((server, exposed)),
                 Err(e) => {
@@ -56,15 +70,33 @@ impl DataPlaneServer {
                 None
             }
         };
-        Ok(DataPlaneServer { tcp, tcp_region, rdma })
+        Ok(DataPlaneServer { tcp, tcp_region, other })
+    }
+
+    /// Exposes `table`'s region over TCP as [`DataPlaneServer::start`] does
+    /// and over `server` (instead of opening the RDMA device). `server`
+    /// must be of a kind other than TCP, which the shard serves itself.
+    pub fn with_transport_server(
+        table: &ReplayTable,
+        shard: u32,
+        incarnation: u64,
+        tcp_address: String,
+        server: Box<dyn TransportServer>,
+    ) -> Result<Self> {
+        if server.kind() == TransportKind::Tcp {
+            return Err(Error::Config(
+                "the injected transport server is tcp, which the shard serves itself; inject another kind".into(),
+            ));
+        }
+        let tcp = TcpServer::new(tcp_address).map_err(|e| Error::Config(e.to_string()))?;
+        let tcp_region = tcp.expose(shard, incarnation, table.memory())?;
+        let exposed = server.expose(shard, incarnation, table.memory())?;
+        Ok(DataPlaneServer { tcp, tcp_region, other: Some((server, exposed)) })
     }
 
     /// Whether this shard serves `kind`.
     pub fn serves(&self, kind: TransportKind) -> bool {
-        match kind {
-            TransportKind::Tcp => true,
-            TransportKind::Rdma => self.rdma.is_some(),
-        }
+        kind == TransportKind::Tcp || self.other.as_ref().is_some_and(|(s, _)| s.kind() == kind)
     }
 
     /// The TCP read service, to add to the shard's router behind its token
@@ -77,9 +109,9 @@ impl DataPlaneServer {
         let endpoint = endpoint_from_request(req).map_err(Status::invalid_argument)?;
         let remote = match endpoint.kind() {
             TransportKind::Tcp => self.tcp.accept(&self.tcp_region, &endpoint),
-            TransportKind::Rdma => match &self.rdma {
-                Some((server, exposed)) => server.accept(exposed, &endpoint),
-                None => return Err(Status::failed_precondition("this shard does not serve rdma")),
+            kind => match &self.other {
+                Some((server, exposed)) if server.kind() == kind => server.accept(exposed, &endpoint),
+                _ => return Err(Status::failed_precondition(format!("this shard does not serve {}", kind.name()))),
             },
         };
         remote.map(|r| reply_from_remote(&r)).map_err(|e| Status::invalid_argument(e.to_string()))

@@ -1,0 +1,403 @@
+//! The byte-range data plane over RDMA, end to end in one process: shard
+//! servers in this process, each with gear-rdma's `RdmaServer` over its own
+//! node of one `InProcessFabric`, and a `ClusterClient` with an
+//! `RdmaTransport` over another node. Every connection descriptor goes
+//! through the real `ConnectDataPlane` RPC, and the fabric checks every
+//! field of it (GID, LID, MTU, queue pair numbers, PSNs, address, rkey), so
+//! a field lost on the way fails the reads or the row checks. Bytes move by
+//! `memcpy` out of the tables' memory: this is the RDMA logic, not RDMA
+//! hardware.
+//!
+//! Every test runs under a deadline: a hang aborts the process.
+
+use gear_api::{ReplayTable, StepValue};
+use gear_core::{ColumnSpec, DType, Pad, TableSpec, TransportKind, WindowSpec};
+use gear_net::{
+    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, RdmaSettings, ServerConfig, ServerHandle,
+    StrategyInfo,
+};
+use gear_rdma::verbs::{CompletionStatus, PortAttributes};
+use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaTransport};
+use gear_sampler::{StrategyKind, StrategyParams};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "rdma-in-process-token-0123456789";
+const OBS: u64 = 24;
+
+/// Runs `body` on its own thread; aborts the process if it has not
+/// finished after `seconds` (a hang must fail, not stall CI), and passes a
+/// panic on.
+fn within(seconds: u64, body: impl FnOnce() + Send + 'static) {
+    let (done, finished) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        body();
+        let _ = done.send(());
+    });
+    if let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_secs(seconds)) {
+        eprintln!("rdma_in_process: a test ran past its {seconds} s deadline");
+        std::process::abort();
+    }
+    if let Err(panic) = worker.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn spec(max_len: u64, capacity: u64) -> TableSpec {
+    TableSpec::new(
+        vec![ColumnSpec::new("obs", DType::U8, vec![OBS]), ColumnSpec::new("id", DType::I64, vec![])],
+        max_len,
+        capacity,
+    )
+    .unwrap()
+}
+
+/// A trajectory of `steps` steps whose every `obs` byte and every `id` is
+/// `value`.
+fn insert(table: &ReplayTable, value: u8, steps: u64) {
+    let mut t = table.writer().begin(None).unwrap();
+    t.append_column(0, steps, StepValue::bytes(&vec![value; (steps * OBS) as usize])).unwrap();
+    let ids: Vec<i64> = vec![i64::from(value); steps as usize];
+    t.append_column(1, steps, StepValue::typed(&ids)).unwrap();
+    t.end().unwrap();
+}
+
+/// The GID of node `n` (fe80::n).
+fn gid(n: u8) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[15] = n;
+    g
+}
+
+const CLIENT_NODE: u8 = 200;
+
+/// InfiniBand-like ports: a LID each, GID index 3, and MTUs that differ
+/// between the client (4096) and the shards (1024 and 2048), so LID, MTU
+/// and PSNs all have to cross the control plane intact.
+fn port(node: u8, mtu: u32) -> PortAttributes {
+    PortAttributes {
+        gid: gid(node),
+        gid_index: 3,
+        lid: 0x100 + u16::from(node),
+        mtu,
+        max_read_initiator: 16,
+        max_read_responder: 16,
+    }
+}
+
+/// Serves `tables`; shard `s` gets an in-process RDMA server when
+/// `rdma[s]`, else none (and a device name no machine has, so it serves
+/// TCP only even in a build with the `rdma` feature on a machine with a
+/// device).
+fn serve(fabric: &InProcessFabric, tables: &[ReplayTable], rdma: &[bool]) -> Vec<ServerHandle> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(s, table)| {
+            let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, TOKEN);
+            let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
+            if rdma[s] {
+                let mtu = if s % 2 == 0 { 1024 } else { 2048 };
+                let verbs = fabric.add_node_with(port(s as u8 + 1, mtu)).unwrap();
+                let server = Box::new(RdmaServer::new(verbs).unwrap());
+                ServerHandle::start_with_transport(table.clone(), &config, strategy, server).unwrap()
+            } else {
+                config.rdma =
+                    RdmaSettings { device: Some("gear-test-no-such-device".into()), ..RdmaSettings::default() };
+                ServerHandle::start(table.clone(), &config, strategy).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// A client reading over RDMA from its own fabric node, with `call_timeout`
+/// on every call and read; also returns the node, to inject faults on.
+fn client(
+    fabric: &InProcessFabric,
+    servers: &[ServerHandle],
+    call_timeout: Duration,
+) -> (ClusterClient, InProcessVerbs) {
+    let mut config = ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN);
+    config.data_plane = DataPlane::Auto;
+    config.seed = 11;
+    config.call_timeout = call_timeout;
+    let verbs = fabric.add_node_with(port(CLIENT_NODE, 4096)).unwrap();
+    let transport = Box::new(RdmaTransport::new(verbs.clone(), RdmaConfig::default()).unwrap());
+    (ClusterClient::with_transport(config, transport).unwrap(), verbs)
+}
+
+/// Tables of `sizes[s]` trajectories: shard s holds ids 10*s+1 ..= 10*s+n,
+/// id i of (i % 10) steps (at most 6).
+fn tables(sizes: &[u8]) -> Vec<ReplayTable> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(s, &n)| {
+            let t = ReplayTable::builder(spec(6, 16)).seed(s as u64).build().unwrap();
+            for i in 1..=n {
+                insert(&t, 10 * s as u8 + i, u64::from(i));
+            }
+            t
+        })
+        .collect()
+}
+
+/// Every row: `obs` bytes of valid steps equal the row's id, padding is
+/// zero where the window says, and the key names the shard that holds the
+/// id. Returns each row's id (`None` for a window with no steps, which is
+/// all padding).
+fn check_rows(batch: &ClusterBatch, window: WindowSpec, rows: usize) -> Vec<Option<i64>> {
+    assert_eq!(batch.keys.len(), rows);
+    assert_eq!(batch.columns.len(), 2);
+    let l = window.len as usize;
+    let mut ids = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let n = batch.lengths[r] as usize;
+        assert!(n <= l, "row {r}: {n} steps");
+        let dst = if window.pad == Pad::Head { l - n } else { 0 };
+        let obs = &batch.columns[0][r * l * OBS as usize..(r + 1) * l * OBS as usize];
+        let id_bytes = &batch.columns[1][r * l * 8..(r + 1) * l * 8];
+        if n == 0 {
+            assert!(obs.iter().chain(id_bytes).all(|&b| b == 0), "row {r}: an empty window is all padding");
+            ids.push(None);
+            continue;
+        }
+        let id = i64::from_le_bytes(id_bytes[dst * 8..dst * 8 + 8].try_into().unwrap());
+        for step in 0..l {
+            let valid = step >= dst && step < dst + n;
+            let o = &obs[step * OBS as usize..(step + 1) * OBS as usize];
+            let i = i64::from_le_bytes(id_bytes[step * 8..step * 8 + 8].try_into().unwrap());
+            if valid {
+                assert!(o.iter().all(|&b| i64::from(b) == id), "row {r} step {step}: torn obs {o:?} for id {id}");
+                assert_eq!(i, id, "row {r} step {step}: torn id");
+            } else {
+                assert!(o.iter().all(|&b| b == 0) && i == 0, "row {r} step {step}: padding not zero");
+            }
+        }
+        assert!(batch.probabilities[r] > 0.0 && batch.probabilities[r] <= 1.0);
+        assert!(batch.weights[r] > 0.0 && batch.weights[r] <= 1.0);
+        ids.push(Some(id));
+    }
+    ids
+}
+
+/// Rows checked as `check_rows` does, plus what only the fixed layout of
+/// `tables` allows: the key's shard holds the id, and length and start
+/// follow the window rule on the id's stored length.
+fn check_layout(batch: &ClusterBatch, window: WindowSpec, rows: usize) {
+    let ids = check_rows(batch, window, rows);
+    for (r, id) in ids.into_iter().enumerate() {
+        let Some(id) = id else {
+            assert_eq!(batch.lengths[r], 0);
+            continue;
+        };
+        let stored = (id % 10) as u64;
+        assert_eq!(batch.keys[r].shard as i64, id / 10, "row {r}: id {id} from shard {}", batch.keys[r].shard);
+        assert_eq!(batch.lengths[r], window.resolve(stored).steps, "row {r}");
+        assert_eq!(batch.starts[r], window.resolve(stored).src_step, "row {r}");
+    }
+}
+
+fn shards_of(batch: &ClusterBatch) -> Vec<u32> {
+    let mut shards: Vec<u32> = batch.keys.iter().map(|k| k.shard).collect();
+    shards.sort_unstable();
+    shards.dedup();
+    shards
+}
+
+#[test]
+fn auto_reads_every_row_over_in_process_rdma() {
+    within(60, || {
+        let fabric = InProcessFabric::new();
+        let tables = tables(&[6, 6, 6]);
+        let servers = serve(&fabric, &tables, &[true, true, true]);
+        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let first = ClusterSample { rows: 64, window: WindowSpec::last(4), columns: vec![] };
+        assert_eq!(cluster.data_plane_for(&first), Some(TransportKind::Rdma));
+        for window in [WindowSpec::last(4), WindowSpec::first(3), WindowSpec { offset: 1, len: 5, pad: Pad::Tail }] {
+            let batch = cluster.sample(&ClusterSample { rows: 64, window, columns: vec![] }).unwrap();
+            assert!(batch.lost.is_empty(), "{:?}", batch.lost);
+            check_layout(&batch, window, 64);
+            assert_eq!(shards_of(&batch), vec![0, 1, 2]);
+            // Uniform over 18 items: every row's global probability.
+            for p in &batch.probabilities {
+                assert!((p - 1.0 / 18.0).abs() < 1e-12, "probability {p}");
+            }
+        }
+        assert_eq!(cluster.data_plane_kind(), Some(TransportKind::Rdma));
+        // The windows really crossed the fabric, from the client's node, on
+        // queue pairs connected to every shard.
+        let chains = fabric.posted_chains();
+        assert!(!chains.is_empty() && chains.iter().all(|c| c.gid == gid(CLIENT_NODE)));
+        for s in 0..3u8 {
+            assert!(!verbs.queue_pairs_to(gid(s + 1)).is_empty(), "no queue pair to shard {s}");
+        }
+        // A subset of columns.
+        let request = ClusterSample { rows: 8, window: WindowSpec::last(2), columns: vec!["id".into()] };
+        let batch = cluster.sample(&request).unwrap();
+        assert_eq!(batch.columns.len(), 1);
+        assert_eq!(batch.columns[0].len(), 8 * 2 * 8);
+    });
+}
+
+#[test]
+fn rows_overwritten_during_rdma_reads_are_never_returned_torn() {
+    within(90, || {
+        let fabric = InProcessFabric::new();
+        // Small tables: writers recycle every slot many times a second.
+        let tables: Vec<ReplayTable> =
+            (0..2u64).map(|s| ReplayTable::builder(spec(4, 16)).seed(s).build().unwrap()).collect();
+        for (s, t) in tables.iter().enumerate() {
+            for i in 0..16u8 {
+                insert(t, 1 + i + 100 * s as u8, 4);
+            }
+        }
+        let servers = serve(&fabric, &tables, &[true, true]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = tables
+            .iter()
+            .enumerate()
+            .map(|(s, t)| {
+                let (t, stop) = (t.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut v = 0u8;
+                    while !stop.load(Ordering::Relaxed) {
+                        v = v.wrapping_add(1).max(1) % 100;
+                        insert(&t, v.max(1) + 100 * s as u8, 4);
+                        // Leave the (two-core) machine to the readers too.
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                })
+            })
+            .collect();
+        let (cluster, _verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let window = WindowSpec::last(4);
+        let request = ClusterSample { rows: 32, window, columns: vec![] };
+        let (mut done, mut refused) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while done < 150 && Instant::now() < deadline {
+            match cluster.sample(&request) {
+                Ok(batch) => {
+                    assert!(batch.lost.is_empty(), "{:?}", batch.lost);
+                    for (r, id) in check_rows(&batch, window, 32).into_iter().enumerate() {
+                        let id = id.expect("every window of 4 holds 4 steps");
+                        assert_eq!(i64::from(batch.keys[r].shard), id / 100, "row {r}: id {id}");
+                    }
+                    done += 1;
+                }
+                // Writers may win every redraw of a row; that is refused, never torn.
+                Err(e) => {
+                    assert!(e.to_string().contains("overwritten"), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_eq!(cluster.data_plane_kind(), Some(TransportKind::Rdma));
+        assert!(done > 10, "only {done} batches ({refused} refused)");
+    });
+}
+
+#[test]
+fn a_failed_rdma_read_reports_the_shard_lost_and_it_rejoins() {
+    within(60, || {
+        let fabric = InProcessFabric::new();
+        let tables = tables(&[6, 6, 6]);
+        let servers = serve(&fabric, &tables, &[true, true, true]);
+        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let window = WindowSpec::last(3);
+        let request = ClusterSample { rows: 48, window, columns: vec![] };
+        check_layout(&cluster.sample(&request).unwrap(), window, 48);
+        // Every queue pair to shard 1 fails its next READ with a remote
+        // access error (not retried).
+        let to_shard_1 = verbs.queue_pairs_to(gid(2));
+        assert!(!to_shard_1.is_empty());
+        for qp in to_shard_1 {
+            verbs.fail_read_after(qp, 0, CompletionStatus::RemoteAccessError).unwrap();
+        }
+        let batch = cluster.sample(&request).unwrap();
+        let lost: Vec<_> = batch.lost.iter().map(|l| l.shard).collect();
+        assert_eq!(lost, vec![1], "{:?}", batch.lost);
+        assert!(batch.lost[0].reason.contains("reads failed"), "{:?}", batch.lost);
+        check_layout(&batch, window, 48);
+        assert_eq!(shards_of(&batch), vec![0, 2]);
+        // The next batch connects to shard 1 again.
+        let batch = cluster.sample(&request).unwrap();
+        assert!(batch.lost.is_empty(), "{:?}", batch.lost);
+        assert_eq!(batch.rejoined, vec![1]);
+        check_layout(&batch, window, 48);
+        assert_eq!(shards_of(&batch), vec![0, 1, 2]);
+    });
+}
+
+#[test]
+fn a_shard_whose_reads_hang_hits_the_deadline_and_is_reported() {
+    within(60, || {
+        let fabric = InProcessFabric::new();
+        let tables = tables(&[6, 6, 6]);
+        let servers = serve(&fabric, &tables, &[true, true, true]);
+        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(2));
+        let window = WindowSpec::last(3);
+        let request = ClusterSample { rows: 48, window, columns: vec![] };
+        check_layout(&cluster.sample(&request).unwrap(), window, 48);
+        // Shard 2 stops answering READs: they wait until the call deadline.
+        for qp in verbs.queue_pairs_to(gid(3)) {
+            verbs.hold(qp).unwrap();
+        }
+        let batch = cluster.sample(&request).unwrap();
+        let lost: Vec<_> = batch.lost.iter().map(|l| l.shard).collect();
+        assert_eq!(lost, vec![2], "{:?}", batch.lost);
+        check_layout(&batch, window, 48);
+        assert_eq!(shards_of(&batch), vec![0, 1]);
+        // The held connection was ended; a new one reads again.
+        let batch = cluster.sample(&request).unwrap();
+        assert!(batch.lost.is_empty(), "{:?}", batch.lost);
+        check_layout(&batch, window, 48);
+        assert_eq!(shards_of(&batch), vec![0, 1, 2]);
+    });
+}
+
+#[test]
+fn a_shard_without_rdma_is_gathered_not_lost() {
+    within(60, || {
+        let fabric = InProcessFabric::new();
+        // 4 + 5 + 6 items: a uniform row has probability 1/15 whichever
+        // shard it comes from, gathered or read.
+        let tables = tables(&[4, 5, 6]);
+        let servers = serve(&fabric, &tables, &[true, false, true]);
+        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let window = WindowSpec::last(4);
+        let request = ClusterSample { rows: 48, window, columns: vec![] };
+        assert_eq!(cluster.data_plane_for(&request), Some(TransportKind::Rdma));
+        let mut from_shard_1 = 0u64;
+        let mut wasted = None;
+        for round in 0..6 {
+            let batch = cluster.sample(&request).unwrap();
+            assert!(batch.lost.is_empty(), "round {round}: {:?}", batch.lost);
+            check_layout(&batch, window, 48);
+            assert_eq!(shards_of(&batch), vec![0, 1, 2], "round {round}");
+            for (p, w) in batch.probabilities.iter().zip(&batch.weights) {
+                assert!((p - 1.0 / 15.0).abs() < 1e-12, "round {round}: probability {p}");
+                assert_eq!(*w, 1.0);
+            }
+            from_shard_1 += batch.keys.iter().filter(|k| k.shard == 1).count() as u64;
+            // Shard 1 counts every row it drew: those returned, plus the
+            // one ranged draw of the first batch that it could not serve.
+            let drawn = tables[1].info().unwrap().samples;
+            match wasted {
+                None => wasted = Some(drawn - from_shard_1),
+                Some(w) => assert_eq!(drawn - from_shard_1, w, "round {round}: shard 1 was asked for ranges again"),
+            }
+        }
+        assert!(wasted.unwrap() > 0, "the first batch asked shard 1 for ranges once");
+        assert!(verbs.queue_pairs_to(gid(2)).is_empty(), "no queue pair to the shard without rdma");
+        assert!(!verbs.queue_pairs_to(gid(1)).is_empty() && !verbs.queue_pairs_to(gid(3)).is_empty());
+    });
+}
