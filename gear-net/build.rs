@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // buffer instead of being copied into fresh vectors.
     tonic_build::configure()
         .bytes([".gear.v1.InsertChunk.columns", ".gear.v1.SampleReply.columns"])
+        // Encode buffers sized to the message first (src/codec.rs).
+        .codec_path("crate::codec::SizedProstCodec")
         .compile_protos(&["proto/gear.proto"], &["proto"])?;
     Ok(())
 }

@@ -27,6 +27,7 @@ pub mod alloc;
 pub mod auth;
 mod channel;
 pub mod client;
+pub mod codec;
 pub mod committed;
 pub mod connect;
 pub mod convert;
