@@ -2,8 +2,11 @@
 //! servers in this process, every row's bytes checked, and writers
 //! overwriting slots while the client reads them.
 
-use gear_api::{ReplayTable, StepValue};
-use gear_core::{ColumnSpec, DType, Pad, TableSpec, WindowSpec};
+mod common;
+
+use common::{check_rows, insert, spec};
+use gear_api::ReplayTable;
+use gear_core::{Pad, WindowSpec};
 use gear_net::{ClusterClient, ClusterConfig, ClusterSample, DataPlane, ServerConfig, ServerHandle, StrategyInfo};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,26 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const TOKEN: &str = "data-plane-token-0123456789";
-const OBS: u64 = 24;
-
-fn spec(max_len: u64, capacity: u64) -> TableSpec {
-    TableSpec::new(
-        vec![ColumnSpec::new("obs", DType::U8, vec![OBS]), ColumnSpec::new("id", DType::I64, vec![])],
-        max_len,
-        capacity,
-    )
-    .unwrap()
-}
-
-/// A trajectory of `steps` steps whose every `obs` byte is `value` and
-/// whose `id` is `value` at every step.
-fn insert(table: &ReplayTable, value: u8, steps: u64) {
-    let mut t = table.writer().begin(None).unwrap();
-    t.append_column(0, steps, StepValue::bytes(&vec![value; (steps * OBS) as usize])).unwrap();
-    let ids: Vec<i64> = vec![i64::from(value); steps as usize];
-    t.append_column(1, steps, StepValue::typed(&ids)).unwrap();
-    t.end().unwrap();
-}
 
 fn serve(tables: &[ReplayTable]) -> Vec<ServerHandle> {
     tables
@@ -49,39 +32,6 @@ fn client(servers: &[ServerHandle], plane: DataPlane) -> ClusterClient {
     config.data_plane = plane;
     config.seed = 7;
     ClusterClient::new(config).unwrap()
-}
-
-/// Every row: `obs` bytes of valid steps equal the row's id, padding is
-/// zero where the window says, and the key names a shard that holds it.
-fn check_rows(batch: &gear_net::ClusterBatch, window: WindowSpec, rows: usize) {
-    assert_eq!(batch.keys.len(), rows);
-    assert_eq!(batch.columns.len(), 2);
-    let l = window.len as usize;
-    for r in 0..rows {
-        let n = batch.lengths[r] as usize;
-        assert!(n <= l, "row {r}: {n} steps");
-        let dst = if window.pad == Pad::Head { l - n } else { 0 };
-        let obs = &batch.columns[0][r * l * OBS as usize..(r + 1) * l * OBS as usize];
-        let ids = &batch.columns[1][r * l * 8..(r + 1) * l * 8];
-        if n == 0 {
-            assert!(obs.iter().chain(ids).all(|&b| b == 0), "row {r}: an empty window is all padding");
-            continue;
-        }
-        let id = i64::from_le_bytes(ids[dst * 8..dst * 8 + 8].try_into().unwrap());
-        for step in 0..l {
-            let valid = step >= dst && step < dst + n;
-            let o = &obs[step * OBS as usize..(step + 1) * OBS as usize];
-            let i = i64::from_le_bytes(ids[step * 8..step * 8 + 8].try_into().unwrap());
-            if valid {
-                assert!(o.iter().all(|&b| i64::from(b) == id), "row {r} step {step}: torn obs {o:?} for id {id}");
-                assert_eq!(i, id, "row {r} step {step}: torn id");
-            } else {
-                assert!(o.iter().all(|&b| b == 0) && i == 0, "row {r} step {step}: padding not zero");
-            }
-        }
-        assert!(batch.probabilities[r] > 0.0 && batch.probabilities[r] <= 1.0);
-        assert!(batch.weights[r] > 0.0 && batch.weights[r] <= 1.0);
-    }
 }
 
 #[test]

@@ -10,8 +10,11 @@
 //!
 //! Every test runs under a deadline: a hang aborts the process.
 
-use gear_api::{ReplayTable, StepValue};
-use gear_core::{ColumnSpec, DType, Pad, TableSpec, TransportKind, WindowSpec};
+mod common;
+
+use common::{check_rows, insert, spec};
+use gear_api::ReplayTable;
+use gear_core::{Pad, TransportKind, WindowSpec};
 use gear_net::{
     ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, RdmaSettings, ServerConfig, ServerHandle,
     StrategyInfo,
@@ -25,7 +28,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "rdma-in-process-token-0123456789";
-const OBS: u64 = 24;
 
 /// Runs `body` on its own thread; aborts the process if it has not
 /// finished after `seconds` (a hang must fail, not stall CI), and passes a
@@ -43,25 +45,6 @@ fn within(seconds: u64, body: impl FnOnce() + Send + 'static) {
     if let Err(panic) = worker.join() {
         std::panic::resume_unwind(panic);
     }
-}
-
-fn spec(max_len: u64, capacity: u64) -> TableSpec {
-    TableSpec::new(
-        vec![ColumnSpec::new("obs", DType::U8, vec![OBS]), ColumnSpec::new("id", DType::I64, vec![])],
-        max_len,
-        capacity,
-    )
-    .unwrap()
-}
-
-/// A trajectory of `steps` steps whose every `obs` byte and every `id` is
-/// `value`.
-fn insert(table: &ReplayTable, value: u8, steps: u64) {
-    let mut t = table.writer().begin(None).unwrap();
-    t.append_column(0, steps, StepValue::bytes(&vec![value; (steps * OBS) as usize])).unwrap();
-    let ids: Vec<i64> = vec![i64::from(value); steps as usize];
-    t.append_column(1, steps, StepValue::typed(&ids)).unwrap();
-    t.end().unwrap();
 }
 
 /// The GID of node `n` (fe80::n).
@@ -144,45 +127,6 @@ fn tables(sizes: &[u8]) -> Vec<ReplayTable> {
             t
         })
         .collect()
-}
-
-/// Every row: `obs` bytes of valid steps equal the row's id, padding is
-/// zero where the window says, and the key names the shard that holds the
-/// id. Returns each row's id (`None` for a window with no steps, which is
-/// all padding).
-fn check_rows(batch: &ClusterBatch, window: WindowSpec, rows: usize) -> Vec<Option<i64>> {
-    assert_eq!(batch.keys.len(), rows);
-    assert_eq!(batch.columns.len(), 2);
-    let l = window.len as usize;
-    let mut ids = Vec::with_capacity(rows);
-    for r in 0..rows {
-        let n = batch.lengths[r] as usize;
-        assert!(n <= l, "row {r}: {n} steps");
-        let dst = if window.pad == Pad::Head { l - n } else { 0 };
-        let obs = &batch.columns[0][r * l * OBS as usize..(r + 1) * l * OBS as usize];
-        let id_bytes = &batch.columns[1][r * l * 8..(r + 1) * l * 8];
-        if n == 0 {
-            assert!(obs.iter().chain(id_bytes).all(|&b| b == 0), "row {r}: an empty window is all padding");
-            ids.push(None);
-            continue;
-        }
-        let id = i64::from_le_bytes(id_bytes[dst * 8..dst * 8 + 8].try_into().unwrap());
-        for step in 0..l {
-            let valid = step >= dst && step < dst + n;
-            let o = &obs[step * OBS as usize..(step + 1) * OBS as usize];
-            let i = i64::from_le_bytes(id_bytes[step * 8..step * 8 + 8].try_into().unwrap());
-            if valid {
-                assert!(o.iter().all(|&b| i64::from(b) == id), "row {r} step {step}: torn obs {o:?} for id {id}");
-                assert_eq!(i, id, "row {r} step {step}: torn id");
-            } else {
-                assert!(o.iter().all(|&b| b == 0) && i == 0, "row {r} step {step}: padding not zero");
-            }
-        }
-        assert!(batch.probabilities[r] > 0.0 && batch.probabilities[r] <= 1.0);
-        assert!(batch.weights[r] > 0.0 && batch.weights[r] <= 1.0);
-        ids.push(Some(id));
-    }
-    ids
 }
 
 /// Rows checked as `check_rows` does, plus what only the fixed layout of

@@ -581,7 +581,7 @@ impl ClusterClient {
                     Ok(reply) => {
                         for (i, &r) in targets.iter().enumerate() {
                             let (mass, total) = (rows[r].mass, rows[r].total);
-                            rows[r] = row_of(&reply, i, s, mass, total);
+                            rows[r] = row_of(&reply, i, s, mass, total, RowBytes::Remote(reply.row_ranges[i].clone()));
                         }
                     }
                     Err(e) => failed.push((s, e.to_string())),
@@ -676,7 +676,8 @@ impl ClusterClient {
     }
 }
 
-fn row_of(reply: &SampleReply, i: usize, shard: usize, mass: f64, total: f64) -> Row {
+/// Row `i` of a checked `Sample` reply, its window bytes from `bytes`.
+fn row_of(reply: &SampleReply, i: usize, shard: usize, mass: f64, total: f64, bytes: RowBytes) -> Row {
     Row {
         shard,
         key: RemoteKey::from(&reply.keys[i]),
@@ -685,7 +686,7 @@ fn row_of(reply: &SampleReply, i: usize, shard: usize, mass: f64, total: f64) ->
         p_local: reply.probabilities[i],
         mass,
         total,
-        bytes: RowBytes::Remote(reply.row_ranges[i].clone()),
+        bytes,
     }
 }
 
@@ -733,23 +734,14 @@ fn push_gathered(
                 bytes.slice(i * w..(i + 1) * w)
             })
             .collect();
-        rows.push(Row {
-            shard,
-            key: RemoteKey::from(&reply.keys[i]),
-            len: reply.lengths[i],
-            start: reply.starts[i],
-            p_local: reply.probabilities[i],
-            mass,
-            total,
-            bytes: RowBytes::Gathered(columns),
-        });
+        rows.push(row_of(&reply, i, shard, mass, total, RowBytes::Gathered(columns)));
     }
     Ok(())
 }
 
 fn push_rows(rows: &mut Vec<Row>, shard: usize, mass: f64, total: f64, reply: SampleReply) {
     for i in 0..reply.keys.len() {
-        rows.push(row_of(&reply, i, shard, mass, total));
+        rows.push(row_of(&reply, i, shard, mass, total, RowBytes::Remote(reply.row_ranges[i].clone())));
     }
 }
 
