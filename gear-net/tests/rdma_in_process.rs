@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{check_rows, insert, spec};
+use common::{check_rows, insert, recycled_tables, recycling_writers, spec};
 use gear_api::ReplayTable;
 use gear_core::{Pad, TransportKind, WindowSpec};
 use gear_net::{
@@ -192,32 +192,10 @@ fn auto_reads_every_row_over_in_process_rdma() {
 fn rows_overwritten_during_rdma_reads_are_never_returned_torn() {
     within(90, || {
         let fabric = InProcessFabric::new();
-        // Small tables: writers recycle every slot many times a second.
-        let tables: Vec<ReplayTable> =
-            (0..2u64).map(|s| ReplayTable::builder(spec(4, 16)).seed(s).build().unwrap()).collect();
-        for (s, t) in tables.iter().enumerate() {
-            for i in 0..16u8 {
-                insert(t, 1 + i + 100 * s as u8, 4);
-            }
-        }
+        let tables = recycled_tables();
         let servers = serve(&fabric, &tables, &[true, true]);
         let stop = Arc::new(AtomicBool::new(false));
-        let writers: Vec<_> = tables
-            .iter()
-            .enumerate()
-            .map(|(s, t)| {
-                let (t, stop) = (t.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    let mut v = 0u8;
-                    while !stop.load(Ordering::Relaxed) {
-                        v = v.wrapping_add(1).max(1) % 100;
-                        insert(&t, v.max(1) + 100 * s as u8, 4);
-                        // Leave the (two-core) machine to the readers too.
-                        std::thread::sleep(Duration::from_micros(300));
-                    }
-                })
-            })
-            .collect();
+        let writers = recycling_writers(&tables, &stop);
         let (cluster, _verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let window = WindowSpec::last(4);
         let request = ClusterSample { rows: 32, window, columns: vec![] };

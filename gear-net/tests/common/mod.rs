@@ -5,6 +5,10 @@
 use gear_api::{ReplayTable, StepValue};
 use gear_core::{ColumnSpec, DType, Pad, TableSpec, WindowSpec};
 use gear_net::ClusterBatch;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Bytes of one step's `obs`.
 pub const OBS: u64 = 24;
@@ -66,4 +70,39 @@ pub fn check_rows(batch: &ClusterBatch, window: WindowSpec, rows: usize) -> Vec<
         ids.push(Some(id));
     }
     ids
+}
+
+/// Two tables of 16 slots, full: trajectory ids 1..=16 on table 0 and
+/// 101..=116 on table 1, 4 steps each. Small, so that writers recycle every
+/// slot many times a second.
+pub fn recycled_tables() -> Vec<ReplayTable> {
+    let tables: Vec<ReplayTable> =
+        (0..2u64).map(|s| ReplayTable::builder(spec(4, 16)).seed(s).build().unwrap()).collect();
+    for (s, t) in tables.iter().enumerate() {
+        for i in 0..16u8 {
+            insert(t, 1 + i + 100 * s as u8, 4);
+        }
+    }
+    tables
+}
+
+/// One writer thread per table, inserting 4-step trajectories (ids below
+/// 100 on table 0, from 100 on table 1) until `stop`.
+pub fn recycling_writers(tables: &[ReplayTable], stop: &Arc<AtomicBool>) -> Vec<JoinHandle<()>> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(s, t)| {
+            let (t, stop) = (t.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut v = 0u8;
+                while !stop.load(Ordering::Relaxed) {
+                    v = v.wrapping_add(1).max(1) % 100;
+                    insert(&t, v.max(1) + 100 * s as u8, 4);
+                    // Leave the (two-core) machine to the readers too.
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            })
+        })
+        .collect()
 }
