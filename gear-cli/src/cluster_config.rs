@@ -128,7 +128,7 @@ pub fn cluster_info(path: &Path) -> Result<()> {
         }
     }
     if failed > 0 {
-        return Err(Error::Config(format!("{failed} of {} shards did not answer", client.shards())));
+        return Err(Error::Backend(format!("{failed} of {} shards did not answer", client.shards()).into()));
     }
     Ok(())
 }
