@@ -315,3 +315,97 @@ fn wrong_or_missing_tokens_and_out_of_range_requests_are_refused() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// The writer process of `a_writer_killed_mid_stream_loses_no_slot`: when
+/// `GEAR_TEST_WRITER_ADDR` is set (only in that child), streams
+/// `MAX_LEN`-step trajectories one step per message, a millisecond apart,
+/// through the raw gRPC client, until killed; so a kill lands inside a
+/// trajectory whose first steps the shard already holds.
+#[test]
+fn writer_child() {
+    let Ok(addr) = std::env::var("GEAR_TEST_WRITER_ADDR") else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let c = gear_net::proto::shard_client::ShardClient::connect(format!("http://{addr}")).await.unwrap();
+        for id in 1_000_000u64.. {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let mut request = tonic::Request::new(tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx));
+            request.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+            let call = tokio::spawn({
+                let mut c = c.clone();
+                async move { c.insert(request).await }
+            });
+            let t = trajectory(id, MAX_LEN);
+            for step in 0..MAX_LEN as usize {
+                let columns = t
+                    .columns
+                    .iter()
+                    .map(|col| {
+                        let b = col.len() / MAX_LEN as usize;
+                        col.slice(step * b..(step + 1) * b)
+                    })
+                    .collect();
+                let end = step + 1 == MAX_LEN as usize;
+                let chunk = gear_net::proto::InsertChunk { steps: 1, columns, priority: None, end };
+                if tx.send(chunk).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            drop(tx);
+            let _ = call.await;
+        }
+    });
+}
+
+#[test]
+fn a_writer_killed_mid_stream_loses_no_slot() {
+    with_deadline(120, || {
+        let dir = temp_dir("killed-writer");
+        let shard = ShardProcess::start(&dir, 0, "127.0.0.1:0", Some(TOKEN));
+        let cluster = client(vec![shard.addr.clone()], TOKEN);
+        let capacity = cluster.info(0).unwrap().capacity;
+        // Writers streaming one step per message, SIGKILLed at varying
+        // moments: each kill most likely lands inside a trajectory.
+        for round in 0..6u64 {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "writer_child", "--nocapture", "--test-threads", "1"])
+                .env("GEAR_TEST_WRITER_ADDR", &shard.addr)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            CHILDREN.lock().unwrap().push(child.id());
+            let start = cluster.info(0).unwrap().inserts;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            // Killed only once it has committed something (it is streaming).
+            while cluster.info(0).unwrap().inserts == start && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(7 * round + 3));
+            child.kill().unwrap();
+            child.wait().unwrap();
+
+        }
+        // The shard serves on; every slot can still be filled: a half
+        // trajectory left open by a killed writer would hold its slot, and
+        // the table could not come back to `capacity` items.
+        let keys = cluster
+            .insert(WriteTarget::Shard(0), (0..2 * capacity).map(|i| trajectory(i, 1 + i % MAX_LEN)).collect(), 0)
+            .unwrap();
+        assert_eq!(keys.len() as u64, 2 * capacity);
+        let info = cluster.info(0).unwrap();
+        assert_eq!(info.size, capacity, "slots lost to killed writers: {info:?}");
+        // Only whole trajectories come back, every byte as written.
+        let request = ClusterSample { rows: 32, window: WindowSpec::last(MAX_LEN), columns: vec![] };
+        for _ in 0..20 {
+            let b = cluster.sample(&request).unwrap();
+            assert!(b.lost.is_empty(), "{:?}", b.lost);
+            check_rows(&b, request.window);
+        }
+        drop(shard);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
