@@ -95,7 +95,11 @@ def test_a_thread_writes_while_another_samples_in_a_loop():
 
 
 CTRL_C_CHILD = """
-import sys, time, numpy as np, gear
+import signal, sys, time, numpy as np, gear
+# A runner that starts this suite in the background of a non-interactive
+# shell passes SIGINT down ignored, and Python then never raises
+# KeyboardInterrupt; what is tested here is gear's waits, so restore it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 table = gear.Table([("v", "int64")], max_len=1, capacity=4, rate_limiter=gear.RateLimiter.queue(2))
 writer = table.writer(timeout=None)
 if sys.argv[1] == "sample":
