@@ -387,7 +387,6 @@ fn a_writer_killed_mid_stream_loses_no_slot() {
             std::thread::sleep(Duration::from_millis(7 * round + 3));
             child.kill().unwrap();
             child.wait().unwrap();
-
         }
         // The shard serves on; every slot can still be filled: a half
         // trajectory left open by a killed writer would hold its slot, and
