@@ -14,55 +14,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gear_core::{MemoryKind, MemoryRegion, ReadOp, Transport, TransportServer};
+use gear_core::{HeapRegion, ReadOp, Transport, TransportServer};
 use gear_rdma::{RdmaConfig, RdmaServer, RdmaTransport, SidewayVerbs};
-
-struct HostBytes {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain heap memory owned by the value, used through raw pointers.
-unsafe impl Send for HostBytes {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for HostBytes {}
-
-impl HostBytes {
-    fn new(len: usize, fill: impl Fn(usize) -> u8) -> Arc<Self> {
-        let bytes: Box<[u8]> = (0..len).map(fill).collect();
-        let ptr = std::ptr::NonNull::new(Box::into_raw(bytes).cast::<u8>()).expect("box pointers are not null");
-        Arc::new(HostBytes { ptr, len })
-    }
-    fn byte(&self, i: usize) -> u8 {
-        assert!(i < self.len);
-        // SAFETY: `i` is inside the allocation; reads were waited for.
-        unsafe { self.ptr.as_ptr().add(i).read() }
-    }
-}
-
-impl Drop for HostBytes {
-    fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
-        // SAFETY: `ptr` came from `Box::into_raw` of a slice of this length.
-        drop(unsafe { Box::from_raw(slice) });
-    }
-}
-
-// SAFETY: `ptr` holds `len` readable and writable bytes while the value lives.
-unsafe impl MemoryRegion for HostBytes {
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn len(&self) -> u64 {
-        self.len as u64
-    }
-    fn alignment(&self) -> u64 {
-        1
-    }
-    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
-        Some(self.ptr)
-    }
-}
 
 fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(131) ^ (i >> 12)) as u8
@@ -107,13 +60,13 @@ fn run() -> Result<(), String> {
     let server = RdmaServer::new(server_verbs).map_err(|e| e.to_string())?;
     let transport = RdmaTransport::new(client_verbs, RdmaConfig::default()).map_err(|e| e.to_string())?;
 
-    let shard = HostBytes::new(region_len, pattern);
+    let shard = Arc::new(HeapRegion::from_fn(region_len, pattern));
     let exposed = server.expose(0, 1, shard.clone()).map_err(|e| e.to_string())?;
     let pending = transport.prepare_connection(0).map_err(|e| e.to_string())?;
     let remote = server.accept(&exposed, &pending.endpoint).map_err(|e| e.to_string())?;
     println!("rdma-test: connected by gid over {} queue pairs: {:?}", RdmaConfig::default().queue_pairs, remote.access);
     let handle = transport.connect(pending, &remote).map_err(|e| e.to_string())?;
-    let local = HostBytes::new(read_len * batch, |_| 0);
+    let local = Arc::new(HeapRegion::zeroed(read_len * batch));
     let buffer = transport.register_local(local.clone()).map_err(|e| e.to_string())?;
 
     // Correctness: a batch of reads at scattered offsets, every byte checked.
@@ -127,9 +80,11 @@ fn run() -> Result<(), String> {
         .collect();
     let ticket = transport.post_reads(&handle, &buffer, &ops).map_err(|e| e.to_string())?;
     transport.wait(&ticket, Instant::now() + Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    // SAFETY: the ticket finished, so nothing writes the buffer now.
+    let landed = unsafe { local.bytes() };
     for (i, op) in ops.iter().enumerate() {
         for k in 0..read_len {
-            let (got, want) = (local.byte(op.local_offset as usize + k), pattern(op.remote_offset as usize + k));
+            let (got, want) = (landed[op.local_offset as usize + k], pattern(op.remote_offset as usize + k));
             if got != want {
                 return Err(format!("op {i} byte {k}: read {got:#04x}, region holds {want:#04x}"));
             }

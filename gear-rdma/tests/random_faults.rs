@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client, connect, pattern, Shard, TestBuffer};
+use common::{buffer, client, connect, pattern, snapshot, Shard};
 use gear_core::{Error as CoreError, ReadOp, Transport};
 use gear_rdma::verbs::CompletionStatus;
 use gear_rdma::{InProcessFabric, RdmaConfig};
@@ -53,7 +53,7 @@ fn random_batches_under_random_faults_finish_and_never_return_wrong_bytes() {
             reads.push(ReadOp { remote_offset, local_offset: local_end, len });
             local_end += len;
         }
-        let local = TestBuffer::new(local_end as usize, |_| 0);
+        let local = buffer(local_end as usize, |_| 0);
         let buffer = transport.register_local(local.clone()).unwrap();
 
         let faulty = seed % 4 != 0;
@@ -83,7 +83,7 @@ fn random_batches_under_random_faults_finish_and_never_return_wrong_bytes() {
             }
             Err(other) => panic!("seed {seed}: {other}"),
         };
-        let bytes = local.snapshot();
+        let bytes = snapshot(&local);
         for (i, op) in reads.iter().enumerate() {
             if failed.contains(&(i as u32)) {
                 continue;

@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{client, connect, gid, pattern, Shard, TestBuffer};
-use gear_core::{Error as CoreError, ReadOp, RemoteAccess, TcpEndpoint, Transport, TransportServer};
+use common::{buffer, client, connect, gid, pattern, snapshot, Shard};
+use gear_core::{Error as CoreError, HeapRegion, ReadOp, RemoteAccess, TcpEndpoint, Transport, TransportServer};
 use gear_rdma::verbs::CompletionStatus;
 use gear_rdma::{InProcessFabric, RdmaConfig};
 
@@ -25,8 +25,8 @@ fn ops(n: usize, len: u64, stride: u64) -> Vec<ReadOp> {
 }
 
 /// Checks that every op not in `failed` holds the remote bytes it read.
-fn check_landed(shard: u32, local: &TestBuffer, ops: &[ReadOp], failed: &[u32]) {
-    let bytes = local.snapshot();
+fn check_landed(shard: u32, local: &HeapRegion, ops: &[ReadOp], failed: &[u32]) {
+    let bytes = snapshot(local);
     for (i, op) in ops.iter().enumerate() {
         if failed.contains(&(i as u32)) {
             continue;
@@ -44,7 +44,7 @@ fn reads_land_byte_exact_in_chains_of_32_spread_over_queue_pairs() {
     let shard = Shard::new(&fabric, 0, 1 << 20);
     let transport = client(&fabric, RdmaConfig::default());
     let remote = connect(&transport, &shard);
-    let local = TestBuffer::new(200 * 256, |_| 0);
+    let local = buffer(200 * 256, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
 
     let reads = ops(200, 256, 4000);
@@ -76,7 +76,7 @@ fn ops_longer_than_the_largest_read_are_split() {
     let config = RdmaConfig { max_read_bytes: 4096, ..RdmaConfig::default() };
     let transport = client(&fabric, config);
     let remote = connect(&transport, &shard);
-    let local = TestBuffer::new(1 << 16, |_| 0);
+    let local = buffer(1 << 16, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
     let reads = [ReadOp { remote_offset: 100, local_offset: 5, len: 10_000 }];
     let ticket = transport.post_reads(&remote, &buffer, &reads).unwrap();
@@ -93,7 +93,7 @@ fn out_of_bounds_ops_are_refused_before_anything_is_posted() {
     let shard = Shard::new(&fabric, 0, 4096);
     let transport = client(&fabric, RdmaConfig::default());
     let remote = connect(&transport, &shard);
-    let local = TestBuffer::new(1024, |_| 0xee);
+    let local = buffer(1024, |_| 0xee);
     let buffer = transport.register_local(local.clone()).unwrap();
     let good = ReadOp { remote_offset: 0, local_offset: 0, len: 8 };
     for bad in [
@@ -105,7 +105,7 @@ fn out_of_bounds_ops_are_refused_before_anything_is_posted() {
         assert!(matches!(refused, Err(CoreError::Region(_))), "{refused:?}");
     }
     assert!(fabric.posted_chains().is_empty(), "nothing was posted");
-    assert!(local.snapshot().iter().all(|&b| b == 0xee), "no byte moved");
+    assert!(snapshot(&local).iter().all(|&b| b == 0xee), "no byte moved");
 }
 
 #[test]
@@ -116,7 +116,7 @@ fn a_remote_access_error_fails_exactly_that_op_and_the_rest_land_elsewhere() {
     let remote = connect(&transport, &shard);
     let first_qp = transport.live_queue_pairs(&remote)[0];
     transport.verbs().fail_read_after(first_qp, 5, CompletionStatus::RemoteAccessError).unwrap();
-    let local = TestBuffer::new(64 * 128, |_| 0);
+    let local = buffer(64 * 128, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
     let reads = ops(64, 128, 1000);
     let ticket = transport.post_reads(&remote, &buffer, &reads).unwrap();
@@ -144,7 +144,7 @@ fn a_retry_exceeded_read_is_retried_on_another_queue_pair() {
     let remote = connect(&transport, &shard);
     let first_qp = transport.live_queue_pairs(&remote)[0];
     transport.verbs().fail_read_after(first_qp, 3, CompletionStatus::RetryExceeded).unwrap();
-    let local = TestBuffer::new(40 * 64, |_| 0);
+    let local = buffer(40 * 64, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
     let reads = ops(40, 64, 512);
     let ticket = transport.post_reads(&remote, &buffer, &reads).unwrap();
@@ -164,7 +164,7 @@ fn retries_are_bounded_and_a_connection_without_queue_pairs_fails_its_reads() {
     for qp in transport.live_queue_pairs(&remote) {
         transport.verbs().fail_read_after(qp, 0, CompletionStatus::RetryExceeded).unwrap();
     }
-    let local = TestBuffer::new(1024, |_| 0);
+    let local = buffer(1024, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
     let one = [ReadOp { remote_offset: 0, local_offset: 0, len: 16 }];
     let ticket = transport.post_reads(&remote, &buffer, &one).unwrap();
@@ -192,7 +192,7 @@ fn a_partial_post_completes_with_the_rest_of_its_chain() {
     let remote = connect(&transport, &shard);
     let qp = transport.live_queue_pairs(&remote)[0];
     transport.verbs().limit_next_post(qp, 10).unwrap();
-    let local = TestBuffer::new(32 * 32, |_| 0);
+    let local = buffer(32 * 32, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
     let reads = ops(32, 32, 100);
     let ticket = transport.post_reads(&remote, &buffer, &reads).unwrap();
@@ -218,8 +218,8 @@ fn reads_to_two_shards_overlap_and_are_waited_together() {
     for qp in transport.live_queue_pairs(&remote_a) {
         transport.verbs().hold(qp).unwrap();
     }
-    let local_a = TestBuffer::new(4096, |_| 0);
-    let local_b = TestBuffer::new(4096, |_| 0);
+    let local_a = buffer(4096, |_| 0);
+    let local_b = buffer(4096, |_| 0);
     let buffer_a = transport.register_local(local_a.clone()).unwrap();
     let buffer_b = transport.register_local(local_b.clone()).unwrap();
     let reads = ops(100, 40, 300);
@@ -250,7 +250,7 @@ fn a_wait_returns_at_its_deadline_and_the_ticket_stays_in_flight() {
     for qp in transport.live_queue_pairs(&remote) {
         transport.verbs().hold(qp).unwrap();
     }
-    let local = TestBuffer::new(4096, |_| 0);
+    let local = buffer(4096, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
     let reads = ops(8, 64, 100);
     let ticket = transport.post_reads(&remote, &buffer, &reads).unwrap();
@@ -273,7 +273,7 @@ fn disconnect_ends_reads_in_flight_with_an_error() {
     for qp in transport.live_queue_pairs(&remote) {
         transport.verbs().hold(qp).unwrap();
     }
-    let local = TestBuffer::new(4096, |_| 0);
+    let local = buffer(4096, |_| 0);
     let buffer = transport.register_local(local).unwrap();
     let ticket = transport.post_reads(&remote, &buffer, &ops(4, 16, 100)).unwrap();
     transport.disconnect(&remote).unwrap();
@@ -290,7 +290,7 @@ fn a_withdrawn_region_fails_reads_instead_of_hanging() {
     let transport = client(&fabric, RdmaConfig::default());
     let remote = connect(&transport, &shard);
     shard.server.withdraw(&shard.exposed).unwrap();
-    let local = TestBuffer::new(4096, |_| 0);
+    let local = buffer(4096, |_| 0);
     let buffer = transport.register_local(local).unwrap();
     let reads = ops(50, 16, 100);
     let ticket = transport.post_reads(&remote, &buffer, &reads).unwrap();
@@ -358,7 +358,7 @@ fn transports_are_usable_as_trait_objects() {
     let pending = transport.prepare_connection(0).unwrap();
     let remote = server.accept(&shard.exposed, &pending.endpoint).unwrap();
     let handle = transport.connect(pending, &remote).unwrap();
-    let local = TestBuffer::new(64, |_| 0);
+    let local = buffer(64, |_| 0);
     let buffer = transport.register_local(local.clone() as Arc<dyn gear_core::MemoryRegion>).unwrap();
     let reads = [ReadOp { remote_offset: 1000, local_offset: 0, len: 64 }];
     let ticket = transport.post_reads(&handle, &buffer, &reads).unwrap();

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{gid, pattern, TestBuffer};
+use common::{buffer, gid, pattern, snapshot};
 use gear_core::{MemoryRegion, ReadOp, Transport, TransportServer};
 use gear_rdma::in_process::LOCAL_QP_OPERATION_ERROR;
 use gear_rdma::verbs::{
@@ -35,8 +35,8 @@ fn one_read(initiator_rd: u8, responder_dest_rd: u8, rkey_offset: u32) -> Comple
     let b = fabric.add_node(gid(2)).unwrap();
     a.create_completion_queue(16).unwrap();
     b.create_completion_queue(16).unwrap();
-    let src = TestBuffer::new(64, |i| pattern(0, i));
-    let dst = TestBuffer::new(64, |_| 0);
+    let src = buffer(64, |i| pattern(0, i));
+    let dst = buffer(64, |_| 0);
     let src_ptr = src.host_ptr().unwrap().as_ptr();
     let dst_ptr = dst.host_ptr().unwrap().as_ptr();
     // SAFETY: both buffers outlive the fabric's use of them in this function.
@@ -62,7 +62,7 @@ fn one_read(initiator_rd: u8, responder_dest_rd: u8, rkey_offset: u32) -> Comple
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].wr_id, 9);
     if out[0].status == CompletionStatus::Success {
-        assert_eq!(dst.snapshot()[..8], src.snapshot()[8..16]);
+        assert_eq!(snapshot(&dst)[..8], snapshot(&src)[8..16]);
     }
     out[0].status
 }
@@ -82,8 +82,8 @@ fn an_error_flushes_the_rest_of_the_queue_pair_with_completions_even_unsignalled
     let b = fabric.add_node(gid(2)).unwrap();
     a.create_completion_queue(16).unwrap();
     b.create_completion_queue(16).unwrap();
-    let src = TestBuffer::new(64, |i| i as u8);
-    let dst = TestBuffer::new(64, |_| 0);
+    let src = buffer(64, |i| i as u8);
+    let dst = buffer(64, |_| 0);
     // SAFETY: both buffers outlive the fabric's use of them in this test.
     let remote = unsafe { b.register_memory(src.host_ptr().unwrap().as_ptr(), 64, MemoryAccess::RemoteRead) }.unwrap();
     // SAFETY: as above.
@@ -115,7 +115,7 @@ fn an_error_flushes_the_rest_of_the_queue_pair_with_completions_even_unsignalled
         "no completion for the unsignalled success; errors and flushes always"
     );
     assert!(a.is_errored(qa.qp_number).unwrap());
-    assert_eq!(dst.snapshot()[..8], src.snapshot()[..8], "the first request landed");
+    assert_eq!(snapshot(&dst)[..8], snapshot(&src)[..8], "the first request landed");
 }
 
 #[test]
@@ -124,20 +124,20 @@ fn the_transport_sets_read_limits_even_where_the_device_reports_none() {
     let zero =
         |gid| PortAttributes { gid, gid_index: 3, lid: 0, mtu: 1024, max_read_initiator: 0, max_read_responder: 0 };
     let server = RdmaServer::new(fabric.add_node_with(zero(gid(2))).unwrap()).unwrap();
-    let region = TestBuffer::new(4096, |i| pattern(5, i));
+    let region = buffer(4096, |i| pattern(5, i));
     let exposed = server.expose(5, 1, region).unwrap();
     let verbs: InProcessVerbs = fabric.add_node_with(zero(gid(1))).unwrap();
     let transport = RdmaTransport::new(verbs, RdmaConfig::default()).unwrap();
     let pending = transport.prepare_connection(5).unwrap();
     let remote = server.accept(&exposed, &pending.endpoint).unwrap();
     let handle = transport.connect(pending, &remote).unwrap();
-    let local = TestBuffer::new(128, |_| 0);
+    let local = buffer(128, |_| 0);
     let buffer = transport.register_local(local.clone()).unwrap();
     let ticket =
         transport.post_reads(&handle, &buffer, &[ReadOp { remote_offset: 64, local_offset: 0, len: 128 }]).unwrap();
     transport.wait(&ticket, Instant::now() + Duration::from_secs(10)).unwrap();
     let want: Vec<u8> = (64..192).map(|i| pattern(5, i)).collect();
-    assert_eq!(local.snapshot(), want);
+    assert_eq!(snapshot(&local), want);
 }
 
 #[test]
@@ -162,7 +162,7 @@ fn a_descriptor_with_a_wrong_psn_lid_or_mtu_fails_its_reads() {
     for (what, tamper) in cases {
         let fabric = InProcessFabric::new();
         let server = RdmaServer::new(fabric.add_node_with(port(2, 0x22, 1024)).unwrap()).unwrap();
-        let region = TestBuffer::new(4096, |i| pattern(0, i));
+        let region = buffer(4096, |i| pattern(0, i));
         let exposed = server.expose(0, 1, region.clone()).unwrap();
         let config = RdmaConfig { queue_pairs: 1, max_attempts: 1, ..RdmaConfig::default() };
         let client = RdmaTransport::new(fabric.add_node_with(port(1, 0x11, 4096)).unwrap(), config).unwrap();
@@ -172,17 +172,17 @@ fn a_descriptor_with_a_wrong_psn_lid_or_mtu_fails_its_reads() {
             tamper(peer);
         }
         let handle = client.connect(pending, &remote).unwrap();
-        let local = TestBuffer::new(64, |_| 0);
+        let local = buffer(64, |_| 0);
         let buffer = client.register_local(local.clone()).unwrap();
         let ticket =
             client.post_reads(&handle, &buffer, &[ReadOp { remote_offset: 100, local_offset: 0, len: 64 }]).unwrap();
         let outcome = client.wait(&ticket, Instant::now() + Duration::from_secs(10));
         if what == "untouched" {
             outcome.unwrap();
-            assert_eq!(local.snapshot()[..], region.snapshot()[100..164]);
+            assert_eq!(snapshot(&local)[..], snapshot(&region)[100..164]);
         } else {
             assert!(outcome.is_err(), "a descriptor with a changed {what} still read");
-            assert!(local.snapshot().iter().all(|&b| b == 0), "{what}: bytes landed");
+            assert!(snapshot(&local).iter().all(|&b| b == 0), "{what}: bytes landed");
         }
     }
 }

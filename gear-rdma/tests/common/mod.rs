@@ -3,65 +3,23 @@
 
 #![allow(dead_code)]
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 
-use gear_core::{ExposedRegion, MemoryKind, MemoryRegion, RemoteHandle, Transport, TransportServer};
+use gear_core::{ExposedRegion, HeapRegion, RemoteHandle, Transport, TransportServer};
 use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaTransport};
 
-/// A heap buffer used only through raw pointers, as `MemoryRegion` asks.
-pub struct TestBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
+/// A test region of `len` bytes, byte `i` being `fill(i)` (gear-core's
+/// heap region).
+pub fn buffer(len: usize, fill: impl Fn(usize) -> u8) -> Arc<HeapRegion> {
+    Arc::new(HeapRegion::from_fn(len, fill))
 }
 
-// SAFETY: the buffer is plain heap memory owned by this value; every access
-// goes through raw pointers, as `MemoryRegion` requires of its users.
-unsafe impl Send for TestBuffer {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for TestBuffer {}
-
-impl TestBuffer {
-    /// `len` bytes, each `fill(i)`.
-    pub fn new(len: usize, fill: impl Fn(usize) -> u8) -> Arc<Self> {
-        let bytes: Box<[u8]> = (0..len.max(1)).map(fill).collect();
-        let ptr = NonNull::new(Box::into_raw(bytes).cast::<u8>()).expect("box pointers are not null");
-        Arc::new(TestBuffer { ptr, len })
-    }
-
-    /// A copy of the current bytes.
-    pub fn snapshot(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.len];
-        // SAFETY: `ptr` holds `len` initialised bytes for the life of
-        // `self`; reads in flight are waited for before tests look.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), out.as_mut_ptr(), self.len) };
-        out
-    }
-}
-
-impl Drop for TestBuffer {
-    fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len.max(1));
-        // SAFETY: `ptr` came from `Box::into_raw` of a slice of this length.
-        drop(unsafe { Box::from_raw(slice) });
-    }
-}
-
-// SAFETY: `ptr` points to `len` readable and writable bytes for as long as
-// the value lives; byte alignment is all it promises.
-unsafe impl MemoryRegion for TestBuffer {
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn len(&self) -> u64 {
-        self.len as u64
-    }
-    fn alignment(&self) -> u64 {
-        1
-    }
-    fn host_ptr(&self) -> Option<NonNull<u8>> {
-        Some(self.ptr)
-    }
+/// A copy of a region's current bytes; callers have waited for every read
+/// into it.
+pub fn snapshot(region: &HeapRegion) -> Vec<u8> {
+    // SAFETY: the tests call this only once the reads into `region` were
+    // waited for (or ended), so nothing writes it now.
+    unsafe { region.bytes() }.to_vec()
 }
 
 /// The byte at `i` of shard `shard`'s region.
@@ -81,14 +39,14 @@ pub fn gid(n: u8) -> [u8; 16] {
 /// One shard: a server on its own node, exposing a patterned region.
 pub struct Shard {
     pub server: RdmaServer<InProcessVerbs>,
-    pub region: Arc<TestBuffer>,
+    pub region: Arc<HeapRegion>,
     pub exposed: ExposedRegion,
 }
 
 impl Shard {
     pub fn new(fabric: &InProcessFabric, shard: u32, len: usize) -> Shard {
         let server = RdmaServer::new(fabric.add_node(gid(100 + shard as u8)).unwrap()).unwrap();
-        let region = TestBuffer::new(len, |i| pattern(shard, i));
+        let region = buffer(len, |i| pattern(shard, i));
         let exposed = server.expose(shard, 7, region.clone()).unwrap();
         Shard { server, region, exposed }
     }
