@@ -4,14 +4,13 @@
 
 mod common;
 
-use common::{check_rows, insert, recycled_tables, recycling_writers, spec};
+use common::{check_rows, insert, recycled_tables, recycling_writers, sample_through_churn, spec};
 use gear_api::ReplayTable;
 use gear_core::{Pad, WindowSpec};
 use gear_net::{ClusterClient, ClusterConfig, ClusterSample, DataPlane, ServerConfig, ServerHandle, StrategyInfo};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 const TOKEN: &str = "data-plane-token-0123456789";
 
@@ -88,21 +87,9 @@ fn rows_overwritten_during_reads_are_never_returned_torn() {
     let cluster = client(&servers, DataPlane::ByteRangeTcp);
     let window = WindowSpec::last(4);
     let request = ClusterSample { rows: 32, window, columns: vec![] };
-    let (mut done, mut refused) = (0, 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while done < 150 && std::time::Instant::now() < deadline {
-        match cluster.sample(&request) {
-            Ok(batch) => {
-                check_rows(&batch, window, 32);
-                done += 1;
-            }
-            // Writers may win every redraw of a row; that is refused, never torn.
-            Err(e) => {
-                assert!(e.to_string().contains("overwritten"), "{e}");
-                refused += 1;
-            }
-        }
-    }
+    let (done, refused) = sample_through_churn(&cluster, &request, |batch| {
+        check_rows(batch, window, 32);
+    });
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();

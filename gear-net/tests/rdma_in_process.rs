@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{check_rows, insert, recycled_tables, recycling_writers, spec};
+use common::{check_rows, insert, recycled_tables, recycling_writers, sample_through_churn, spec};
 use gear_api::ReplayTable;
 use gear_core::{Pad, TransportKind, WindowSpec};
 use gear_net::{
@@ -25,7 +25,7 @@ use gear_sampler::{StrategyKind, StrategyParams};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TOKEN: &str = "rdma-in-process-token-0123456789";
 
@@ -199,25 +199,13 @@ fn rows_overwritten_during_rdma_reads_are_never_returned_torn() {
         let (cluster, _verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let window = WindowSpec::last(4);
         let request = ClusterSample { rows: 32, window, columns: vec![] };
-        let (mut done, mut refused) = (0, 0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while done < 150 && Instant::now() < deadline {
-            match cluster.sample(&request) {
-                Ok(batch) => {
-                    assert!(batch.lost.is_empty(), "{:?}", batch.lost);
-                    for (r, id) in check_rows(&batch, window, 32).into_iter().enumerate() {
-                        let id = id.expect("every window of 4 holds 4 steps");
-                        assert_eq!(i64::from(batch.keys[r].shard), id / 100, "row {r}: id {id}");
-                    }
-                    done += 1;
-                }
-                // Writers may win every redraw of a row; that is refused, never torn.
-                Err(e) => {
-                    assert!(e.to_string().contains("overwritten"), "{e}");
-                    refused += 1;
-                }
+        let (done, refused) = sample_through_churn(&cluster, &request, |batch| {
+            assert!(batch.lost.is_empty(), "{:?}", batch.lost);
+            for (r, id) in check_rows(batch, window, 32).into_iter().enumerate() {
+                let id = id.expect("every window of 4 holds 4 steps");
+                assert_eq!(i64::from(batch.keys[r].shard), id / 100, "row {r}: id {id}");
             }
-        }
+        });
         stop.store(true, Ordering::Relaxed);
         for w in writers {
             w.join().unwrap();

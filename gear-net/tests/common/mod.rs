@@ -4,11 +4,11 @@
 
 use gear_api::{ReplayTable, StepValue};
 use gear_core::{ColumnSpec, DType, Pad, TableSpec, WindowSpec};
-use gear_net::ClusterBatch;
+use gear_net::{ClusterBatch, ClusterClient, ClusterSample};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes of one step's `obs`.
 pub const OBS: u64 = 24;
@@ -105,4 +105,31 @@ pub fn recycling_writers(tables: &[ReplayTable], stop: &Arc<AtomicBool>) -> Vec<
             })
         })
         .collect()
+}
+
+/// Samples `request` until 150 batches came or 20 s passed, handing each
+/// whole batch to `check`. A batch whose rows writers overwrote under every
+/// redraw is refused ("overwritten"), which is counted; any other error
+/// fails. Returns (batches, refused).
+pub fn sample_through_churn(
+    cluster: &ClusterClient,
+    request: &ClusterSample,
+    mut check: impl FnMut(&ClusterBatch),
+) -> (u32, u32) {
+    let (mut done, mut refused) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done < 150 && Instant::now() < deadline {
+        match cluster.sample(request) {
+            Ok(batch) => {
+                check(&batch);
+                done += 1;
+            }
+            // Writers may win every redraw of a row; that is refused, never torn.
+            Err(e) => {
+                assert!(e.to_string().contains("overwritten"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    (done, refused)
 }
