@@ -8,6 +8,7 @@
 //! # call_timeout_ms = 10000       # deadline of every call
 //! # connect_timeout_ms = 1000
 //! # free_space_refresh_ms = 500   # WriteTarget::MostFree asks sizes this often
+//! # mass_refresh_ms = 100         # a shard's mass from its replies is used this long (0: ask every batch)
 //!
 //! [tls]                           # optional: the servers have tls_cert/tls_key
 //! ca = "ca.pem"                   # the CA that signed the servers' certificates
@@ -43,6 +44,9 @@ pub struct ClusterFile {
     pub connect_timeout_ms: Option<u64>,
     /// How often writers spread by free space ask the shards' sizes.
     pub free_space_refresh_ms: Option<u64>,
+    /// How long a shard's mass, from its last reply, splits batches before
+    /// the shards are asked again (0: before every batch).
+    pub mass_refresh_ms: Option<u64>,
     /// TLS towards the shards.
     pub tls: Option<ClusterTls>,
     /// The RDMA device port the byte-range data plane opens.
@@ -96,6 +100,9 @@ impl ClusterFile {
         }
         if let Some(ms) = self.free_space_refresh_ms {
             config.free_space_refresh = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.mass_refresh_ms {
+            config.mass_refresh = Duration::from_millis(ms);
         }
         if let Some(t) = &self.tls {
             let mut tls = ClientTls::from_file(&t.ca, t.domain.clone()).map_err(net)?;

@@ -1,27 +1,31 @@
 //! The cluster client: one table's distribution over many shards.
 //!
-//! A batch is drawn in two steps. First every shard reports its size and
-//! priority mass (`Info`); the client draws how many rows come from each
-//! shard, each row independently with probability `mass_s / M`
-//! (`M = sum of masses`). Then each shard draws its rows with its own
-//! strategy and gathers their windows. A row's global probability is
+//! A batch is drawn in two steps. First the client takes every shard's size
+//! and priority mass (as the shard's last `Sample` or `UpdatePriorities`
+//! reply reported it, or asked with `Info`: the `masses` module says
+//! when) and draws how many rows come from each shard, each row
+//! independently with probability `mass_s / M` (`M = sum of masses`). Then
+//! each shard draws its rows with its own strategy and gathers their
+//! windows. A row's global probability is
 //! `mass_s / M * p_local`, which for a proportional strategy is
 //! `mass_i / M`, exactly what one table holding every item would give; the
 //! importance weight is `(P / P_min)^-beta` with `P_min = min_s(min mass) / M`,
-//! normalised as one table normalises it. Between the `Info` and the draw a
-//! shard may change (inserts, updates): the reported probability is the one
-//! the row was really drawn with (allocation from the `Info` masses, local
-//! probability from the draw), so the bias of a stale total shows up in the
-//! probabilities rather than hiding.
+//! normalised as one table normalises it. Between the report of a mass and
+//! the draw a shard may change (inserts, updates by other clients): the
+//! reported probability is the one the row was really drawn with
+//! (allocation from the reported masses, local probability from the draw),
+//! so the bias of a stale total shows up in the probabilities rather than
+//! hiding.
 //!
 //! Deterministic strategies (FIFO, LIFO, heaps) cannot be merged this way;
 //! over more than one live shard they are refused.
 //!
 //! Every call has a deadline. A shard that fails (connection refused,
 //! deadline, unavailable) is left out of that batch and named in
-//! [`ClusterBatch::lost`]; its rows are drawn from the others. It is asked
-//! again on the next batch, so a restarted shard rejoins on its own; its new
-//! incarnation makes keys from its previous run stale.
+//! [`ClusterBatch::lost`]; its rows are drawn from the others. While a
+//! shard is lost every batch asks every shard (`Info`) first, so a
+//! restarted shard rejoins on its own; its new incarnation makes keys from
+//! its previous run stale.
 
 use crate::auth::TokenAttach;
 use crate::channel::{ChannelSettings, ShardChannel};
@@ -37,7 +41,10 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 
 mod insert;
+mod masses;
 mod spread;
+
+use masses::ShardMasses;
 
 pub use insert::TRAJECTORIES_PER_STREAM;
 
@@ -49,16 +56,6 @@ type Grpc = GrpcShardClient<InterceptedService<ShardChannel, TokenAttach>>;
 /// What one shard's `Info` call came to.
 pub(crate) type InfoOutcome =
     std::result::Result<std::result::Result<tonic::Response<proto::InfoReply>, tonic::Status>, tokio::task::JoinError>;
-
-/// Every shard's mass as [`ClusterClient::sample`] splits rows by it.
-pub(crate) struct ShardMasses {
-    /// Total mass of each shard (0: lost, empty, or deterministic).
-    pub masses: Vec<f64>,
-    /// Smallest positive per-item mass over the shards.
-    pub min_mass: f64,
-    /// Shards with items whose strategy has no mass (FIFO, LIFO, heaps).
-    pub deterministic: usize,
-}
 
 /// A key of a cluster: the shard, the shard's incarnation, and the slot key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -105,6 +102,13 @@ pub struct ClusterConfig {
     pub free_space_refresh: Duration,
     /// TLS towards the shards (`None`: plain TCP).
     pub tls: Option<crate::tls::ClientTls>,
+    /// How long a shard's mass, as its last reply reported it, is used to
+    /// split batches before every shard is asked again (`Info`); replies to
+    /// `Sample` and `UpdatePriorities` renew it, so only a shard drawn no
+    /// rows for this long is asked. `Duration::ZERO`: ask before every
+    /// batch. Default 100 ms. See the `masses` module for the staleness
+    /// this allows.
+    pub mass_refresh: Duration,
     /// How sampled windows travel (default [`DataPlane::Auto`]).
     pub data_plane: DataPlane,
     /// The RDMA device port the byte-range data plane opens (default: the
@@ -125,6 +129,7 @@ impl ClusterConfig {
             max_message_bytes: crate::server::DEFAULT_MAX_MESSAGE_BYTES as usize,
             seed: 0,
             free_space_refresh: Duration::from_millis(500),
+            mass_refresh: Duration::from_millis(100),
             tls: None,
             data_plane: DataPlane::default(),
             rdma: RdmaSettings::default(),
@@ -204,6 +209,8 @@ pub enum WriteTarget {
 struct ShardState {
     incarnation: Option<u64>,
     lost: bool,
+    /// Its size and masses as last reported (`masses` module).
+    mass: Option<masses::KnownMass>,
 }
 
 /// A client of every shard of a cluster. Its methods block (it owns a small
@@ -373,6 +380,7 @@ impl ClusterClient {
             eprintln!("gear-net: shard {shard} ({}) left out: {reason}", self.config.shards[shard]);
         }
         st[shard].lost = true;
+        st[shard].mass = None;
     }
 
     /// Draws one batch across every live shard with one table's
@@ -441,6 +449,10 @@ impl ClusterClient {
                     Ok(Ok(reply)) => {
                         let reply = reply.into_inner();
                         check_sample_reply(s, n, &reply)?;
+                        if self.mark_alive(s, reply.incarnation) {
+                            batch.rejoined.push(s);
+                        }
+                        self.note_mass(s, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
                         remaining -= n;
                         results.push((s, masses[s], total, reply));
                     }
@@ -496,51 +508,6 @@ impl ClusterClient {
             }
             out
         })
-    }
-
-    /// Every shard's selection mass, which cross-shard sampling splits rows
-    /// by. Shards that fail or answer as another shard are left out and
-    /// recorded in `batch.lost`, shards back from being lost in
-    /// `batch.rejoined`.
-    fn shard_masses(&self, batch: &mut ClusterBatch) -> Result<ShardMasses> {
-        let infos = self.all_infos();
-        let mut masses = vec![0.0f64; self.shards.len()];
-        let mut min_mass = f64::INFINITY;
-        let mut deterministic = 0usize;
-        for (s, r) in infos.into_iter().enumerate() {
-            match r {
-                Ok(Ok(reply)) => {
-                    let info = reply.into_inner();
-                    if info.shard as usize != s {
-                        self.mark_lost(s, "answers with another shard id");
-                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
-                        continue;
-                    }
-                    if self.mark_alive(s, info.incarnation) {
-                        batch.rejoined.push(s);
-                    }
-                    if info.size == 0 {
-                        continue;
-                    }
-                    if !(info.total_mass.is_finite() && info.total_mass >= 0.0) {
-                        return Err(Error::Malformed { shard: s, what: format!("total mass {}", info.total_mass) });
-                    }
-                    if info.total_mass == 0.0 {
-                        deterministic += 1;
-                    }
-                    masses[s] = info.total_mass;
-                    if info.min_mass > 0.0 {
-                        min_mass = min_mass.min(info.min_mass);
-                    }
-                }
-                Ok(Err(e)) => {
-                    self.mark_lost(s, e.message());
-                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
-                }
-                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
-            }
-        }
-        Ok(ShardMasses { masses, min_mass, deterministic })
     }
 
     /// The importance exponent every shard's strategy uses (0 unless prioritized).
@@ -603,6 +570,7 @@ impl ClusterClient {
         };
         check_sample_reply(shard, request.rows, &reply)?;
         let rejoined = self.mark_alive(shard, reply.incarnation);
+        self.note_mass(shard, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
         Ok(ClusterBatch {
             keys: reply.keys.iter().map(RemoteKey::from).collect(),
             columns: reply.columns.into_iter().map(Vec::from).collect(),
@@ -636,8 +604,10 @@ impl ClusterClient {
             let reply = self
                 .runtime
                 .block_on(c.update_priorities(UpdateRequest { updates: list }))
-                .map_err(|e| status(s, e))?;
-            applied += reply.into_inner().applied;
+                .map_err(|e| status(s, e))?
+                .into_inner();
+            self.note_mass(s, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
+            applied += reply.applied;
         }
         Ok(applied)
     }
@@ -675,6 +645,11 @@ impl ClusterClient {
                 for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
                     per_shard[s].push((i, t));
                 }
+            }
+        }
+        for (s, list) in per_shard.iter().enumerate() {
+            if !list.is_empty() {
+                self.forget_mass(s);
             }
         }
         self.send_routed(per_shard, chunk_steps)

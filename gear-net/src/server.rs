@@ -150,11 +150,16 @@ impl ShardService {
     /// Size, total mass and smallest mass; deterministic strategies report
     /// a total mass of zero (they cannot be spread over shards by mass).
     fn masses(&self) -> std::result::Result<(u64, f64, f64), Status> {
-        let size = self.table.info().map_err(table_status)?.size;
-        match self.table.selection_mass().map_err(table_status)? {
-            Some(m) => Ok((size, m.total, m.min)),
-            None => Ok((size, 0.0, 0.0)),
-        }
+        table_masses(&self.table)
+    }
+}
+
+/// `table`'s size, total mass and smallest mass (see `ShardService::masses`).
+fn table_masses(table: &ReplayTable) -> std::result::Result<(u64, f64, f64), Status> {
+    let size = table.info().map_err(table_status)?.size;
+    match table.selection_mass().map_err(table_status)? {
+        Some(m) => Ok((size, m.total, m.min)),
+        None => Ok((size, 0.0, 0.0)),
     }
 }
 
@@ -214,7 +219,6 @@ impl Shard for ShardService {
         }
         let req = request.into_inner();
         let (config, row_bytes) = self.limits.sample_config(self.table.spec(), &req)?;
-        let (size, total_mass, min_mass) = self.masses()?;
         let table = self.table.clone();
         let samplers = self.samplers.clone();
         let replies = self.replies.clone();
@@ -234,6 +238,7 @@ impl Shard for ShardService {
             let mut views: Vec<&mut [u8]> = buffers.iter_mut().map(|c| c.as_mut_slice()).collect();
             let drawn = sampler.sample_into(&mut views).map_err(table_status)?;
             let columns = buffers.into_iter().map(|b| replies.lend(b)).collect();
+            let (size, total_mass, min_mass) = table_masses(&table)?;
             let reply = SampleReply {
                 shard,
                 incarnation,
@@ -290,7 +295,15 @@ impl Shard for ShardService {
         }
         let table = self.table.clone();
         let applied = blocking(move || table.update_priorities(&ours).map_err(table_status)).await?;
-        Ok(Response::new(UpdateReply { applied: applied as u64, stale }))
+        let (size, total_mass, min_mass) = self.masses()?;
+        Ok(Response::new(UpdateReply {
+            applied: applied as u64,
+            stale,
+            incarnation: self.incarnation,
+            size,
+            total_mass,
+            min_mass,
+        }))
     }
 
     async fn insert(

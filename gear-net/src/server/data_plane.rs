@@ -141,10 +141,10 @@ impl ShardService {
         let spec = self.table.spec();
         let (window, columns) = crate::convert::sample_shape(spec, &req)?;
         let timeout = Some(Duration::from_millis(req.timeout_ms.clamp(1, 600_000)));
-        let (size, total_mass, min_mass) = self.masses()?;
         let table = self.table.clone();
         let rows = req.rows as usize;
         let drawn = blocking(move || table.draw_ranges(rows, window, &columns, timeout).map_err(table_status)).await?;
+        let (size, total_mass, min_mass) = self.masses()?;
         let (shard, incarnation) = (self.shard, self.incarnation);
         Ok(Response::new(SampleReply {
             shard,

@@ -1,0 +1,145 @@
+//! What the client knows of each shard's selection mass, which cross-shard
+//! sampling splits a batch's rows by.
+//!
+//! Every `Sample` and `UpdatePriorities` reply carries the shard's size and
+//! masses just after the draw or the updates, so a trainer that samples
+//! every shard on every batch (and updates priorities between batches)
+//! keeps a current view without asking. The client asks every shard
+//! (`Info`, one round trip before the draw) only when that view cannot be
+//! used:
+//! - a shard is lost (asking is how it is noticed back),
+//! - a shard's mass is unknown (never asked, its last reply came from
+//!   another incarnation, or this client just inserted into it),
+//! - or a shard's mass is older than [`ClusterConfig::mass_refresh`]
+//!   (a shard drawn no rows for that long; `Duration::ZERO` asks on every
+//!   batch).
+//!
+//! Inserts and updates by other clients between a shard's last reply and
+//! the next allocation make its mass stale, by at most one batch for a
+//! shard that had rows in the last batch and `mass_refresh` for one that
+//! had none. The reported probabilities remain the ones each row was drawn
+//! with (see the client module doc).
+//!
+//! [`ClusterConfig::mass_refresh`]: super::ClusterConfig::mass_refresh
+
+use super::{ClusterBatch, ClusterClient, Error, LostShard, Result};
+use std::time::Instant;
+
+/// Every shard's mass as [`ClusterClient::sample`] splits rows by it.
+pub(crate) struct ShardMasses {
+    /// Total mass of each shard (0: lost, empty, or deterministic).
+    pub masses: Vec<f64>,
+    /// Smallest positive per-item mass over the shards.
+    pub min_mass: f64,
+    /// Shards with items whose strategy has no mass (FIFO, LIFO, heaps).
+    pub deterministic: usize,
+}
+
+/// A shard's size and masses as it last reported them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct KnownMass {
+    size: u64,
+    total: f64,
+    min: f64,
+    at: Instant,
+}
+
+impl KnownMass {
+    /// The report, or `None` when the total is not a finite number ≥ 0 or
+    /// the smallest mass is negative or NaN (an empty shard's is +inf).
+    fn new(size: u64, total: f64, min: f64) -> Option<Self> {
+        let valid = total.is_finite() && total >= 0.0 && min >= 0.0;
+        valid.then(|| KnownMass { size, total, min, at: Instant::now() })
+    }
+}
+
+impl ShardMasses {
+    fn new(shards: usize) -> Self {
+        ShardMasses { masses: vec![0.0; shards], min_mass: f64::INFINITY, deterministic: 0 }
+    }
+
+    /// Counts shard `s` with `mass`.
+    fn add(&mut self, s: usize, mass: &KnownMass) {
+        if mass.size == 0 {
+            return;
+        }
+        if mass.total == 0.0 {
+            self.deterministic += 1;
+        }
+        self.masses[s] = mass.total;
+        if mass.min > 0.0 {
+            self.min_mass = self.min_mass.min(mass.min);
+        }
+    }
+}
+
+impl ClusterClient {
+    /// Every shard's selection mass (see the module doc). Shards that fail
+    /// or answer as another shard are left out and recorded in
+    /// `batch.lost`, shards back from being lost in `batch.rejoined`.
+    pub(super) fn shard_masses(&self, batch: &mut ClusterBatch) -> Result<ShardMasses> {
+        if let Some(known) = self.known_masses() {
+            return Ok(known);
+        }
+        let infos = self.all_infos();
+        let mut out = ShardMasses::new(self.shards.len());
+        for (s, r) in infos.into_iter().enumerate() {
+            match r {
+                Ok(Ok(reply)) => {
+                    let info = reply.into_inner();
+                    if info.shard as usize != s {
+                        self.mark_lost(s, "answers with another shard id");
+                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
+                        continue;
+                    }
+                    if self.mark_alive(s, info.incarnation) {
+                        batch.rejoined.push(s);
+                    }
+                    let mass = KnownMass::new(info.size, info.total_mass, info.min_mass).ok_or_else(|| {
+                        Error::Malformed { shard: s, what: format!("masses {} and {}", info.total_mass, info.min_mass) }
+                    })?;
+                    self.state.lock()[s].mass = Some(mass);
+                    out.add(s, &mass);
+                }
+                Ok(Err(e)) => {
+                    self.mark_lost(s, e.message());
+                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
+                }
+                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The masses the shards last reported, if every shard is live and
+    /// every report is recent enough.
+    fn known_masses(&self) -> Option<ShardMasses> {
+        let refresh = self.config.mass_refresh;
+        if refresh.is_zero() {
+            return None;
+        }
+        let state = self.state.lock();
+        let mut out = ShardMasses::new(state.len());
+        for (s, shard) in state.iter().enumerate() {
+            let mass = shard.mass.filter(|m| !shard.lost && m.at.elapsed() < refresh)?;
+            out.add(s, &mass);
+        }
+        Some(out)
+    }
+
+    /// Records what `shard` reported with a reply from `incarnation`; a
+    /// report from another run than the one known, or with an invalid
+    /// mass, makes the shard's mass unknown (asked again next batch).
+    pub(super) fn note_mass(&self, shard: usize, incarnation: u64, size: u64, total: f64, min: f64) {
+        let mut state = self.state.lock();
+        let Some(s) = state.get_mut(shard) else { return };
+        s.mass = (s.incarnation == Some(incarnation)).then(|| KnownMass::new(size, total, min)).flatten();
+    }
+
+    /// Forgets `shard`'s mass (this client changed it: an insert).
+    pub(super) fn forget_mass(&self, shard: usize) {
+        if let Some(s) = self.state.lock().get_mut(shard) {
+            s.mass = None;
+        }
+    }
+}
