@@ -374,6 +374,11 @@ impl ClusterClient {
         rejoined
     }
 
+    /// The run `shard` last answered from, if any.
+    fn incarnation_of(&self, shard: usize) -> Option<u64> {
+        self.state.lock().get(shard).and_then(|s| s.incarnation)
+    }
+
     fn mark_lost(&self, shard: usize, reason: &str) {
         let mut st = self.state.lock();
         if !st[shard].lost {
@@ -435,7 +440,7 @@ impl ClusterClient {
                         continue;
                     }
                     let mut c = self.shards[s].clone();
-                    let req = sample_request(request, n, self.config.call_timeout);
+                    let req = sample_request(request, n, self.config.call_timeout, self.incarnation_of(s));
                     calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
                 }
                 let mut out = Vec::new();
@@ -560,7 +565,7 @@ impl ClusterClient {
     /// weights; for deterministic strategies).
     pub fn sample_shard(&self, shard: usize, request: &ClusterSample) -> Result<ClusterBatch> {
         let mut c = self.client(shard)?;
-        let req = sample_request(request, request.rows, self.config.call_timeout);
+        let req = sample_request(request, request.rows, self.config.call_timeout, self.incarnation_of(shard));
         let reply = match self.runtime.block_on(c.sample(req)) {
             Ok(r) => r.into_inner(),
             Err(e) => {
@@ -656,7 +661,9 @@ impl ClusterClient {
     }
 }
 
-fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration) -> SampleRequest {
+/// The request for `rows` rows from a shard the client knows as
+/// `incarnation` (`None`: any run).
+fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration, incarnation: Option<u64>) -> SampleRequest {
     SampleRequest {
         rows,
         window_offset: request.window.offset,
@@ -669,6 +676,7 @@ fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration) -> Samp
         // The shard gives up waiting a little before the client's deadline.
         timeout_ms: (timeout.as_millis() as u64).saturating_mul(3) / 4,
         ranges: false,
+        incarnation: incarnation.unwrap_or(0),
     }
 }
 

@@ -195,7 +195,16 @@ mod tests {
         // Arbitrary field values (not just what random bytes decode to).
         #[test]
         fn arbitrary_sample_requests_are_checked(rows in any::<u64>(), offset in any::<i64>(), len in any::<u64>(), pad in any::<i32>(), timeout_ms in any::<u64>(), cols in proptest::collection::vec("[a-z]{0,4}", 0..4)) {
-            let req = SampleRequest { rows, window_offset: offset, window_len: len, pad, columns: cols, timeout_ms, ranges: false };
+            let req = SampleRequest {
+                rows,
+                window_offset: offset,
+                window_len: len,
+                pad,
+                columns: cols,
+                timeout_ms,
+                ranges: false,
+                incarnation: 0,
+            };
             if let Ok((config, row_bytes)) = Limits::new(1 << 20).sample_config(&spec(), &req) {
                 prop_assert!(config.batch_size as u64 <= MAX_SAMPLE_ROWS);
                 prop_assert!(row_bytes.iter().map(|b| b * rows).sum::<u64>() <= 1 << 20);
@@ -226,6 +235,7 @@ mod tests {
             columns: vec![],
             timeout_ms: 10,
             ranges: false,
+            incarnation: 0,
         };
         assert_eq!(
             Limits::new(1 << 20).sample_config(&spec(), &req).unwrap_err().code(),

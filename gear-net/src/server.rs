@@ -214,6 +214,13 @@ impl Shard for ShardService {
     }
 
     async fn sample(&self, request: Request<SampleRequest>) -> std::result::Result<Response<SampleReply>, Status> {
+        let expected = request.get_ref().incarnation;
+        if expected != 0 && expected != self.incarnation {
+            return Err(Status::aborted(format!(
+                "shard {} restarted: incarnation {:#x}, the batch was split for {expected:#x}",
+                self.shard, self.incarnation
+            )));
+        }
         if request.get_ref().ranges {
             return self.sample_ranges(request.into_inner()).await;
         }

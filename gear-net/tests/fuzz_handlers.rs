@@ -202,8 +202,10 @@ proptest! {
         columns in proptest::collection::vec(prop_oneof![Just("obs".to_owned()), Just("done".to_owned()), "[a-z]{0,3}"], 0..3),
         timeout_ms in prop_oneof![0..20u64, any::<u64>()],
         ranges in any::<bool>(),
+        incarnation in prop_oneof![3 => Just(0u64), 1 => any::<u64>()],
     ) {
-        let body = SampleRequest { rows, window_offset, window_len, pad, columns, timeout_ms, ranges }.encode_to_vec();
+        let body =
+            SampleRequest { rows, window_offset, window_len, pad, columns, timeout_ms, ranges, incarnation }.encode_to_vec();
         unary("/gear.v1.Shard/Sample", body);
         server_is_intact();
     }

@@ -127,3 +127,43 @@ fn another_clients_inserts_are_seen_within_mass_refresh() {
     let b = sample(&cluster);
     assert!(rows_from(&b, 1) > 50, "{} of {ROWS} rows from shard 1 after mass_refresh", rows_from(&b, 1));
 }
+
+#[test]
+fn a_shard_restarted_between_batches_is_not_asked_for_rows_its_new_run_lacks() {
+    let tables = tables();
+    insert(&tables[0], 0..8);
+    insert(&tables[1], 8..16);
+    let mut servers = servers(&tables);
+    let mut config = ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN);
+    config.mass_refresh = Duration::from_secs(3600);
+    config.call_timeout = Duration::from_secs(4);
+    let cluster = ClusterClient::new(config).unwrap();
+    assert!(rows_from(&sample(&cluster), 1) > 50);
+    // Shard 1 restarts, empty, on the same address, between two batches;
+    // the client's view still holds its old run's mass.
+    let addr = servers[1].local_addr();
+    servers.pop().unwrap().stop().unwrap();
+    let empty = ReplayTable::builder(spec()).sampler_kind(StrategyKind::Prioritized, params()).build().unwrap();
+    let config = ServerConfig::new(addr, 1, TOKEN);
+    servers.push(
+        ServerHandle::start(empty, &config, StrategyInfo { kind: StrategyKind::Prioritized, params: params() })
+            .unwrap(),
+    );
+    // The channel reconnects (`info` leaves the client's view alone).
+    let reconnected = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        cluster.info(1).is_ok()
+    });
+    assert!(reconnected, "the restarted shard never answered");
+    // Its new run refuses the rows split for the old one at once (rather
+    // than waiting for data until the deadline); the rows come from shard 0.
+    let b = cluster.sample(&ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![] }).unwrap();
+    assert_eq!(b.lost.len(), 1, "lost: {:?}", b.lost);
+    assert_eq!(b.lost[0].shard, 1);
+    assert!(b.lost[0].reason.contains("restarted"), "reason: {}", b.lost[0].reason);
+    assert_eq!(rows_from(&b, 0), ROWS as usize);
+    // The next batch asks again: the shard is back, empty, and drawn no rows.
+    let b = sample(&cluster);
+    assert_eq!(b.rejoined, vec![1]);
+    assert_eq!(rows_from(&b, 1), 0);
+}

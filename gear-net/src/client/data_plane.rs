@@ -332,7 +332,7 @@ impl ClusterClient {
             let mut calls = Vec::new();
             for &(s, n) in counts {
                 let mut c = self.shards[s].clone();
-                let mut req = sample_request(request, n, self.config.call_timeout);
+                let mut req = sample_request(request, n, self.config.call_timeout, self.incarnation_of(s));
                 req.ranges = ranges;
                 calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
             }

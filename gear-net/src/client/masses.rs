@@ -20,6 +20,13 @@
 //! had none. The reported probabilities remain the ones each row was drawn
 //! with (see the client module doc).
 //!
+//! Each `Sample` request names the shard run the split was made for; a
+//! shard restarted since (its table restored or empty) refuses at once
+//! with `ABORTED`, is left out of that batch, and the next batch asks every
+//! shard again. A shard that another client empties within `mass_refresh`
+//! (`max_times_sampled` retiring its last items) holds this client's call
+//! for its wait for data, then is left out the same way.
+//!
 //! [`ClusterConfig::mass_refresh`]: super::ClusterConfig::mass_refresh
 
 use super::{ClusterBatch, ClusterClient, Error, LostShard, Result};
