@@ -457,7 +457,7 @@ impl ClusterClient {
                         if self.mark_alive(s, reply.incarnation) {
                             batch.rejoined.push(s);
                         }
-                        self.note_mass(s, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
+                        self.note_sample_mass(s, &reply);
                         remaining -= n;
                         results.push((s, masses[s], total, reply));
                     }
@@ -575,7 +575,7 @@ impl ClusterClient {
         };
         check_sample_reply(shard, request.rows, &reply)?;
         let rejoined = self.mark_alive(shard, reply.incarnation);
-        self.note_mass(shard, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
+        self.note_sample_mass(shard, &reply);
         Ok(ClusterBatch {
             keys: reply.keys.iter().map(RemoteKey::from).collect(),
             columns: reply.columns.into_iter().map(Vec::from).collect(),

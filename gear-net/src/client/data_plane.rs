@@ -413,7 +413,7 @@ impl ClusterClient {
                 match connected {
                     Ok(Some(reply)) => {
                         remaining -= n;
-                        self.note_mass(s, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
+                        self.note_sample_mass(s, &reply);
                         push_rows(&mut rows, s, masses[s], total, reply);
                     }
                     Ok(None) => gathered.push((s, n)),
@@ -423,7 +423,7 @@ impl ClusterClient {
             for (s, n, reply) in self.draw(request, &gathered, false) {
                 match reply {
                     Ok(reply) => {
-                        self.note_mass(s, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
+                        self.note_sample_mass(s, &reply);
                         push_gathered(&mut rows, s, masses[s], total, reply, &place)?;
                         remaining -= n;
                     }

@@ -143,6 +143,11 @@ impl ClusterClient {
         s.mass = (s.incarnation == Some(incarnation)).then(|| KnownMass::new(size, total, min)).flatten();
     }
 
+    /// Records the masses a `Sample` reply from `shard` carries.
+    pub(super) fn note_sample_mass(&self, shard: usize, reply: &crate::proto::SampleReply) {
+        self.note_mass(shard, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
+    }
+
     /// Forgets `shard`'s mass (this client changed it: an insert).
     pub(super) fn forget_mass(&self, shard: usize) {
         if let Some(s) = self.state.lock().get_mut(shard) {
