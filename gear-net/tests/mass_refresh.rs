@@ -31,17 +31,15 @@ fn insert(table: &ReplayTable, ids: std::ops::Range<i64>) {
     }
 }
 
-/// Two shard servers over `tables`, prioritized.
+/// Shard `shard` over `table` at `addr`, prioritized.
+fn start(table: ReplayTable, addr: std::net::SocketAddr, shard: u32) -> ServerHandle {
+    let config = ServerConfig::new(addr, shard, TOKEN);
+    ServerHandle::start(table, &config, StrategyInfo { kind: StrategyKind::Prioritized, params: params() }).unwrap()
+}
+
+/// A shard server over each of `tables` on a free port.
 fn servers(tables: &[ReplayTable]) -> Vec<ServerHandle> {
-    tables
-        .iter()
-        .enumerate()
-        .map(|(s, t)| {
-            let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, TOKEN);
-            ServerHandle::start(t.clone(), &config, StrategyInfo { kind: StrategyKind::Prioritized, params: params() })
-                .unwrap()
-        })
-        .collect()
+    tables.iter().enumerate().map(|(s, t)| start(t.clone(), "127.0.0.1:0".parse().unwrap(), s as u32)).collect()
 }
 
 fn tables() -> Vec<ReplayTable> {
@@ -56,6 +54,8 @@ fn client(servers: &[ServerHandle], mass_refresh: Duration) -> ClusterClient {
     let mut config = ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN);
     config.seed = 7;
     config.mass_refresh = mass_refresh;
+    // A shard that waits out its wait for data fails a test in seconds.
+    config.call_timeout = Duration::from_secs(4);
     ClusterClient::new(config).unwrap()
 }
 
@@ -134,22 +134,14 @@ fn a_shard_restarted_between_batches_is_not_asked_for_rows_its_new_run_lacks() {
     insert(&tables[0], 0..8);
     insert(&tables[1], 8..16);
     let mut servers = servers(&tables);
-    let mut config = ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN);
-    config.mass_refresh = Duration::from_secs(3600);
-    config.call_timeout = Duration::from_secs(4);
-    let cluster = ClusterClient::new(config).unwrap();
+    let cluster = client(&servers, Duration::from_secs(3600));
     assert!(rows_from(&sample(&cluster), 1) > 50);
     // Shard 1 restarts, empty, on the same address, between two batches;
     // the client's view still holds its old run's mass.
     let addr = servers[1].local_addr();
     servers.pop().unwrap().stop().unwrap();
-    let empty = ReplayTable::builder(spec()).sampler_kind(StrategyKind::Prioritized, params()).build().unwrap();
-    let config = ServerConfig::new(addr, 1, TOKEN);
-    servers.push(
-        ServerHandle::start(empty, &config, StrategyInfo { kind: StrategyKind::Prioritized, params: params() })
-            .unwrap(),
-    );
-    // The channel reconnects (`info` leaves the client's view alone).
+    servers.push(start(crate::tables().pop().unwrap(), addr, 1)); // empty
+                                                                  // The channel reconnects (`info` leaves the client's view alone).
     let reconnected = (0..50).any(|_| {
         std::thread::sleep(Duration::from_millis(20));
         cluster.info(1).is_ok()
