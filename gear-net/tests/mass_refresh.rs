@@ -159,3 +159,16 @@ fn a_shard_restarted_between_batches_is_not_asked_for_rows_its_new_run_lacks() {
     assert_eq!(b.rejoined, vec![1]);
     assert_eq!(rows_from(&b, 1), 0);
 }
+
+#[test]
+fn an_empty_cluster_is_asked_again_on_every_batch() {
+    let tables = tables();
+    let servers = servers(&tables);
+    let cluster = client(&servers, Duration::from_secs(3600));
+    let request = ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![] };
+    let err = cluster.sample(&request).unwrap_err().to_string();
+    assert!(err.contains("no shard holds items"), "{err}");
+    // Another process's first inserts are drawn by the very next batch.
+    insert(&tables[1], 0..8);
+    assert_eq!(rows_from(&sample(&cluster), 1), ROWS as usize);
+}

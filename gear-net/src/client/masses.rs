@@ -10,6 +10,8 @@
 //! - a shard is lost (asking is how it is noticed back),
 //! - a shard's mass is unknown (never asked, its last reply came from
 //!   another incarnation, or this client just inserted into it),
+//! - no shard had items when last reported (an empty cluster is asked
+//!   again on every batch, so the first inserts are seen at once),
 //! - or a shard's mass is older than [`ClusterConfig::mass_refresh`]
 //!   (a shard drawn no rows for that long; `Duration::ZERO` asks on every
 //!   batch).
@@ -131,7 +133,9 @@ impl ClusterClient {
             let mass = shard.mass.filter(|m| !shard.lost && m.at.elapsed() < refresh)?;
             out.add(s, &mass);
         }
-        Some(out)
+        // Nothing to draw from: ask, rather than fail on old news.
+        let stocked = out.deterministic > 0 || out.masses.iter().any(|&m| m > 0.0);
+        stocked.then_some(out)
     }
 
     /// Records what `shard` reported with a reply from `incarnation`; a
