@@ -526,7 +526,9 @@ pub struct Sampler {
 impl Sampler {
     pub(crate) fn new(table: ReplayTable, config: SampleConfig) -> Result<Self> {
         let (draws, meta) = Draws::new(&table, &config)?;
-        let host = table.shared.collector.alloc_batch(&draws.layout)?;
+        // Allocated by the first `sample`: a sampler used only through
+        // `sample_into` (the shard server's) never maps a batch of its own.
+        let host = gear_cpu::HostBatch::deferred(&draws.layout);
         let into_lengths = vec![0; draws.layout.rows()];
         Ok(Sampler { table, batch: SampledBatch { host, meta }, draws, into_lengths })
     }
@@ -563,6 +565,9 @@ impl Sampler {
     /// trajectory was evicted and overwritten during the copy are redrawn,
     /// so a returned batch never mixes two trajectories in a row.
     pub fn sample(&mut self) -> Result<&SampledBatch> {
+        // Before drawing: a batch that cannot be allocated must not count
+        // samples or retire rows.
+        self.batch.host.allocate().map_err(Error::from_collector)?;
         let sh = &*self.table.shared;
         let mut copy = Gather { collector: &sh.collector, view: sh.region.view(), batch: &mut self.batch.host };
         self.draws.sample(&self.table, &mut copy, &mut self.batch.meta)?;

@@ -91,7 +91,8 @@ pub struct HostBatch {
     layout: BatchLayout,
     /// Invariant: `buffers.len() == layout.columns().len()` and
     /// `buffers[i].len() >= layout.column_bytes(i)`; bytes past that are
-    /// not part of the batch.
+    /// not part of the batch. Empty while deferred
+    /// ([`HostBatch::deferred`]): the first gather allocates them.
     buffers: Vec<AlignedBytes>,
     /// Invariant: `lengths.len() == layout.rows()`.
     lengths: Vec<u64>,
@@ -111,6 +112,25 @@ impl HostBatch {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(HostBatch { layout: layout.clone(), buffers, lengths: vec![0; layout.rows()] })
+    }
+
+    /// A batch for `layout` whose buffers are allocated by its first
+    /// gather, not now: for an owner that may never gather into it (a
+    /// sampler used only with caller-owned buffers), which then never pays
+    /// for mapping and faulting in memory it does not touch. Until that
+    /// gather it has no columns ([`HostBatch::columns`] is 0).
+    pub fn deferred(layout: &BatchLayout) -> Self {
+        HostBatch { layout: layout.clone(), buffers: Vec::new(), lengths: vec![0; layout.rows()] }
+    }
+
+    /// Allocates a deferred batch's buffers for its layout now (nothing to
+    /// do for one already allocated): for an owner that must not find out
+    /// memory is short only after it has drawn rows.
+    pub fn allocate(&mut self) -> Result<()> {
+        if self.buffers.is_empty() && !self.layout.columns().is_empty() {
+            *self = HostBatch::new(&self.layout)?;
+        }
+        Ok(())
     }
 
     /// The layout of the batch now held.
@@ -170,8 +190,12 @@ impl HostBatch {
     }
 
     /// Makes the buffers hold a batch of `layout`, reusing them when they
-    /// are large enough.
+    /// are large enough (allocating them when deferred).
     fn prepare(&mut self, layout: &BatchLayout) -> Result<()> {
+        if self.buffers.is_empty() && !layout.columns().is_empty() {
+            *self = HostBatch::new(layout)?;
+            return Ok(());
+        }
         if self.buffers.len() != layout.columns().len() {
             return Err(Error::InvalidWindow(format!(
                 "the batch buffers hold {} columns, the layout asks for {}",

@@ -392,3 +392,30 @@ fn caller_buffers_through_the_collector_trait_match_a_host_batch() {
     assert_eq!(into.lengths(&batch), host.lengths(&expected));
     assert_eq!((&a[..], &b[..]), (expected.column(0), expected.column(1)));
 }
+
+#[test]
+fn a_deferred_batch_is_allocated_by_its_first_gather_or_by_allocate() {
+    let spec = two_column_spec();
+    let table = filled_table(&spec);
+    let c = CpuCollector::with_threads(1);
+    let w = WindowSpec { offset: -5, len: 12, pad: Pad::Head };
+    let layout = BatchLayout::new(table.layout(), &[0, 1], 3, w).unwrap();
+    let rows = [GatherRow { slot: 2, len: 20 }, GatherRow { slot: 4, len: 3 }, GatherRow { slot: 7, len: 9 }];
+
+    let mut by_gather = HostBatch::deferred(&layout);
+    assert_eq!(by_gather.columns(), 0, "nothing allocated yet");
+    c.gather(&table.view(), &rows, &layout, &mut by_gather).unwrap();
+    assert_eq!(by_gather.columns(), 2);
+    assert_matches_reference(&by_gather, &spec, &[0, 1], &rows, w);
+
+    let mut by_allocate = HostBatch::deferred(&layout);
+    by_allocate.allocate().unwrap();
+    assert_eq!(by_allocate.columns(), 2);
+    assert_eq!(by_allocate.column(0).len() as u64, layout.column_bytes(0));
+    assert!(by_allocate.column(0).iter().all(|&b| b == 0), "zeroed");
+    c.gather(&table.view(), &rows, &layout, &mut by_allocate).unwrap();
+    assert_eq!(by_allocate.column(0), by_gather.column(0));
+    assert_eq!(by_allocate.column(1), by_gather.column(1));
+    by_allocate.allocate().unwrap();
+    assert_eq!(by_allocate.column(1), by_gather.column(1), "allocate on an allocated batch keeps its bytes");
+}

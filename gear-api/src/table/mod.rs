@@ -207,7 +207,9 @@ impl ReplayTable {
         Writer::new(self.clone())
     }
 
-    /// A sampler for trainers, with reusable batch buffers.
+    /// A sampler for trainers, with reusable batch buffers (its own are
+    /// allocated by its first [`Sampler::sample`]; [`Sampler::sample_into`]
+    /// never allocates them).
     pub fn sampler(&self, config: SampleConfig) -> Result<Sampler> {
         Sampler::new(self.clone(), config)
     }
