@@ -40,10 +40,12 @@ use parking_lot::Mutex;
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 
+mod assemble;
 mod insert;
 mod masses;
 mod spread;
 
+use assemble::Assembly;
 use masses::ShardMasses;
 
 pub use insert::TRAJECTORIES_PER_STREAM;
@@ -418,7 +420,10 @@ impl ClusterClient {
         }
         let beta = self.beta()?;
         let mut remaining = request.rows;
-        let mut results = Vec::new();
+        // Each reply's rows are copied in as soon as it is decoded (the
+        // `assemble` module); `meta` keeps the rest of each reply.
+        let expected_row_bytes = self.cached_spec().ok().and_then(|spec| assemble::row_bytes(&spec, request));
+        let mut assembly = Assembly::new(request.rows as usize, expected_row_bytes);
         // A shard failing mid-draw gives its rows to the others.
         for _round in 0..self.shards.len() {
             let total: f64 = masses.iter().sum();
@@ -433,61 +438,67 @@ impl ClusterClient {
                 )));
             }
             let counts = self.allocate(&masses, remaining);
-            let replies = self.runtime.block_on(async {
-                let mut calls = Vec::new();
+            self.runtime.block_on(async {
+                let mut calls = tokio::task::JoinSet::new();
+                let mut blocks = std::collections::HashMap::new();
+                let mut start = assembly.placed();
                 for (s, &n) in counts.iter().enumerate() {
                     if n == 0 {
                         continue;
                     }
                     let mut c = self.shards[s].clone();
                     let req = sample_request(request, n, self.config.call_timeout, self.incarnation_of(s));
-                    calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
+                    let id = calls.spawn(async move { c.sample(req).await }).id();
+                    blocks.insert(id, (s, n, start));
+                    start += n as usize;
                 }
-                let mut out = Vec::new();
-                for (s, n, call) in calls {
-                    out.push((s, n, call.await));
-                }
-                out
-            });
-            for (s, n, r) in replies {
-                match r {
-                    Ok(Ok(reply)) => {
-                        let reply = reply.into_inner();
-                        check_sample_reply(s, n, &reply)?;
-                        if self.mark_alive(s, reply.incarnation) {
-                            batch.rejoined.push(s);
+                // In the order the replies come.
+                while let Some(joined) = calls.join_next_with_id().await {
+                    let id = match &joined {
+                        Ok((id, _)) => *id,
+                        Err(e) => e.id(),
+                    };
+                    let (s, n, start) = blocks[&id];
+                    match joined {
+                        Ok((_, Ok(reply))) => {
+                            let mut reply = reply.into_inner();
+                            check_sample_reply(s, n, &reply)?;
+                            if self.mark_alive(s, reply.incarnation) {
+                                batch.rejoined.push(s);
+                            }
+                            self.note_sample_mass(s, &reply);
+                            let columns = std::mem::take(&mut reply.columns);
+                            assembly
+                                .place(start, n as usize, &columns, (masses[s], total, reply))
+                                .map_err(|what| Error::Malformed { shard: s, what })?;
+                            remaining -= n;
                         }
-                        self.note_sample_mass(s, &reply);
-                        remaining -= n;
-                        results.push((s, masses[s], total, reply));
-                    }
-                    Ok(Err(e)) if matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) => {
-                        return Err(status(s, e));
-                    }
-                    Ok(Err(e)) => {
-                        self.mark_lost(s, e.message());
-                        batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
-                        masses[s] = 0.0;
-                    }
-                    Err(e) => {
-                        batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") });
-                        masses[s] = 0.0;
+                        Ok((_, Err(e)))
+                            if matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) =>
+                        {
+                            return Err(status(s, e));
+                        }
+                        Ok((_, Err(e))) => {
+                            self.mark_lost(s, e.message());
+                            batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
+                            masses[s] = 0.0;
+                        }
+                        Err(e) => {
+                            batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") });
+                            masses[s] = 0.0;
+                        }
                     }
                 }
-            }
+                Ok(())
+            })?;
+            assembly.close_holes();
         }
         if remaining > 0 {
             return Err(Error::NoShard(format!("{remaining} rows could not be drawn; lost: {:?}", batch.lost)));
         }
-        let columns = results.first().map_or(0, |r| r.3.columns.len());
-        // Sized once: growing by doubling would copy the bytes again.
-        batch.columns = (0..columns)
-            .map(|c| Vec::with_capacity(results.iter().map(|r| r.3.columns.get(c).map_or(0, Bytes::len)).sum()))
-            .collect();
-        for (_, shard_mass, total, reply) in results {
-            for (c, bytes) in reply.columns.into_iter().enumerate() {
-                batch.columns[c].extend_from_slice(&bytes);
-            }
+        let (columns, replies) = assembly.finish();
+        batch.columns = columns;
+        for (shard_mass, total, reply) in replies {
             batch.keys.extend(reply.keys.iter().map(RemoteKey::from));
             batch.lengths.extend(reply.lengths);
             batch.starts.extend(reply.starts);

@@ -219,22 +219,15 @@ impl ClusterClient {
         if request.rows == 0 || request.rows > crate::convert::MAX_SAMPLE_ROWS {
             return None;
         }
-        request.window.validate(spec.max_len()).ok()?;
-        if request.columns.iter().any(|n| spec.column_index(n).is_err()) {
-            return None;
-        }
-        let mut row = 0u64;
-        for c in spec.columns() {
-            if request.columns.is_empty() || request.columns.iter().any(|n| n == c.name()) {
-                row = row.checked_add(c.step_bytes().ok()?.checked_mul(request.window.len)?)?;
-            }
-        }
+        let row = super::assemble::row_bytes(&spec, request)?
+            .into_iter()
+            .try_fold(0u64, |sum, bytes| sum.checked_add(u64::try_from(bytes).ok()?))?;
         // Larger batches go the gather way, whose message limit refuses them.
         row.checked_mul(request.rows).filter(|&b| b <= MAX_RANGE_BATCH_BYTES)
     }
 
     /// The table spec, asked once.
-    fn cached_spec(&self) -> Result<TableSpec> {
+    pub(super) fn cached_spec(&self) -> Result<TableSpec> {
         let cached = self.data_plane.lock().spec.clone();
         match cached {
             Some(spec) => Ok(spec),
