@@ -421,7 +421,7 @@ impl ClusterClient {
         let beta = self.beta()?;
         let mut remaining = request.rows;
         // Each reply's rows are copied in as soon as it is decoded (the
-        // `assemble` module); `meta` keeps the rest of each reply.
+        // `assemble` module); the rest of the reply rides along with them.
         let expected_row_bytes = self.cached_spec().ok().and_then(|spec| assemble::row_bytes(&spec, request));
         let mut assembly = Assembly::new(request.rows as usize, expected_row_bytes);
         // A shard failing mid-draw gives its rows to the others.
