@@ -127,10 +127,15 @@ impl HostBatch {
     /// do for one already allocated): for an owner that must not find out
     /// memory is short only after it has drawn rows.
     pub fn allocate(&mut self) -> Result<()> {
-        if self.buffers.is_empty() && !self.layout.columns().is_empty() {
+        if self.is_deferred() {
             *self = HostBatch::new(&self.layout)?;
         }
         Ok(())
+    }
+
+    /// Whether the buffers are still to be allocated ([`HostBatch::deferred`]).
+    fn is_deferred(&self) -> bool {
+        self.buffers.is_empty() && !self.layout.columns().is_empty()
     }
 
     /// The layout of the batch now held.
@@ -192,7 +197,7 @@ impl HostBatch {
     /// Makes the buffers hold a batch of `layout`, reusing them when they
     /// are large enough (allocating them when deferred).
     fn prepare(&mut self, layout: &BatchLayout) -> Result<()> {
-        if self.buffers.is_empty() && !layout.columns().is_empty() {
+        if self.is_deferred() {
             *self = HostBatch::new(layout)?;
             return Ok(());
         }
