@@ -7,6 +7,7 @@ use gear_core::{
     BatchLayout, Collector, DType, Element, GatherRow, RandomSource, Sampled, SlotKey, TableSpec, TableView,
     WindowSpec, Xoshiro256,
 };
+use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -549,6 +550,25 @@ impl Sampler {
     /// alone); padding is zeroed as in a [`SampledBatch`]. Buffers of the
     /// wrong count or too small are refused before anything is drawn.
     pub fn sample_into(&mut self, columns: &mut [&mut [u8]]) -> Result<SampledRows<'_>> {
+        let mut views: Vec<&mut [MaybeUninit<u8>]> = columns
+            .iter_mut()
+            .map(|c| {
+                // SAFETY: `MaybeUninit<u8>` has `u8`'s size and alignment,
+                // the borrow carries over, and the collector writes only
+                // initialised bytes (`CallerBatch`'s contract), so the
+                // caller's buffers stay initialised.
+                unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<MaybeUninit<u8>>(), c.len()) }
+            })
+            .collect();
+        self.sample_into_uninit(&mut views)
+    }
+
+    /// [`Sampler::sample_into`] into buffers that may be uninitialised (a
+    /// network encode buffer's spare capacity, say): when it returns `Ok`,
+    /// every byte of each column's first `layout().column_bytes(i)` has
+    /// been written, padding included; on an error, any of them may not
+    /// have been.
+    pub fn sample_into_uninit(&mut self, columns: &mut [&mut [MaybeUninit<u8>]]) -> Result<SampledRows<'_>> {
         // Before drawing: a refused call must not count samples or retire
         // rows.
         gear_cpu::check_column_buffers(&self.draws.layout, columns)?;

@@ -253,6 +253,40 @@ fn sample_into_writes_caller_buffers_like_a_sampled_batch() {
 }
 
 #[test]
+fn sample_into_uninit_writes_every_byte_of_uninitialised_buffers() {
+    use std::mem::MaybeUninit;
+    let table = ReplayTable::builder(spec(16)).seed(9).build().unwrap();
+    let batch = Batch::new(10..15, 3);
+    let keys = table.writer().insert_batch(5, 3, &batch.values(), None).unwrap();
+    let ids: HashMap<SlotKey, u8> = keys.iter().copied().zip(10..15).collect();
+    let rows = 48;
+    let mut sampler = table.sampler(SampleConfig::new(rows, window())).unwrap();
+    let layout = sampler.layout().clone();
+    let n = |i: usize| layout.column_bytes(i) as usize;
+    let mut bufs: Vec<Vec<MaybeUninit<u8>>> = (0..3).map(|i| vec![MaybeUninit::uninit(); n(i)]).collect();
+    let mut cols: Vec<&mut [MaybeUninit<u8>]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let out = sampler.sample_into_uninit(&mut cols).unwrap();
+    let (keys, lengths) = (out.keys().to_vec(), out.lengths().to_vec());
+    let bytes: Vec<Vec<u8>> = bufs
+        .iter()
+        .map(|b| {
+            b.iter()
+                .map(|x| {
+                    // SAFETY: `sample_into_uninit` returned `Ok`, so it wrote
+                    // every byte of each column, padding included (its
+                    // contract; Miri flags a byte left unwritten).
+                    unsafe { x.assume_init() }
+                })
+                .collect()
+        })
+        .collect();
+    let action: Vec<i32> = bytes[1].chunks(4).map(|b| i32::from_ne_bytes(b.try_into().unwrap())).collect();
+    let reward: Vec<f32> = bytes[2].chunks(4).map(|b| f32::from_ne_bytes(b.try_into().unwrap())).collect();
+    let seen = check_batch(&ids, 3, &keys, &lengths, &bytes[0], &action, &reward);
+    assert_eq!(seen.len(), 5, "{seen:?}");
+}
+
+#[test]
 fn sample_into_refuses_bad_buffers_before_drawing() {
     let table = ReplayTable::builder(spec(16)).max_times_sampled(1).build().unwrap();
     let batch = Batch::new(0..4, 2);

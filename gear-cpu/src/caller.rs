@@ -6,15 +6,22 @@
 use crate::collect::CpuCollector;
 use gear_core::{BatchLayout, Collector, Error, GatherRow, Result, TableView};
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 /// Buffers owned by the caller, borrowed for one sample: `columns[i]`
 /// receives requested column `i` as `[rows, window.len, *shape]` in its
 /// first [`BatchLayout::column_bytes`] bytes, `lengths[r]` row `r`'s copied
 /// steps.
+///
+/// The buffers may be uninitialised (an encode buffer's spare capacity):
+/// a gather that succeeds has written every byte of each column's first
+/// `column_bytes`. The collector writes only initialised bytes (copies of
+/// table bytes, and zeros), never `MaybeUninit::uninit()`, so buffers that
+/// were initialised stay so.
 #[derive(Debug)]
 pub struct CallerBatch<'a, 'b> {
     /// One buffer per requested column.
-    pub columns: &'a mut [&'b mut [u8]],
+    pub columns: &'a mut [&'b mut [MaybeUninit<u8>]],
     /// One valid length per row.
     pub lengths: &'a mut [u64],
 }
@@ -51,7 +58,7 @@ impl<'a, 'b> Collector for IntoCallerBuffers<'_, 'a, 'b> {
         layout: &BatchLayout,
         out: &mut CallerBatch<'a, 'b>,
     ) -> Result<()> {
-        self.collector.gather_into(src, rows, layout, out.columns, out.lengths)
+        self.collector.gather_into_uninit(src, rows, layout, out.columns, out.lengths)
     }
 
     fn regather(
@@ -62,7 +69,7 @@ impl<'a, 'b> Collector for IntoCallerBuffers<'_, 'a, 'b> {
         which: &[usize],
         out: &mut CallerBatch<'a, 'b>,
     ) -> Result<()> {
-        self.collector.regather_into(src, rows, layout, which, out.columns, out.lengths)
+        self.collector.regather_into_uninit(src, rows, layout, which, out.columns, out.lengths)
     }
 
     fn lengths<'o>(&self, out: &'o CallerBatch<'a, 'b>) -> &'o [u64] {

@@ -12,8 +12,9 @@
 //! The collector does not check slot generations: the table layer validates
 //! the copies with its seqlock after `gather` returns.
 
-use crate::raw::{AlignedBytes, SharedBytes};
+use crate::raw::{as_uninit, AlignedBytes, SharedBytes};
 use gear_core::{BatchLayout, Collector, Error, GatherRow, Layout, Result, TableView};
+use std::mem::MaybeUninit;
 
 /// Alignment of every [`HostBatch`] column buffer (a cache line, and enough
 /// for any dtype and for SIMD loads).
@@ -269,7 +270,7 @@ fn gather_rows(
     table: &Layout,
     layout: &BatchLayout,
     rows: &[GatherRow],
-    out: &mut [&mut [u8]],
+    out: &mut [&mut [MaybeUninit<u8>]],
     lengths: &mut [u64],
 ) {
     let window = layout.window();
@@ -310,8 +311,8 @@ fn gather_rows(
             }
             let (head, rest) = dst.split_at_mut(w.dst_step as usize * s);
             let (data, tail) = rest.split_at_mut(w.steps as usize * s);
-            head.fill(0);
-            tail.fill(0);
+            head.fill(MaybeUninit::new(0));
+            tail.fill(MaybeUninit::new(0));
             if !data.is_empty() {
                 src.copy_to(at, data);
             }
@@ -323,7 +324,7 @@ fn gather_rows(
 /// per requested column, each at least the column's batch bytes
 /// ([`BatchLayout::column_bytes`]). [`CpuCollector::gather_into`] checks
 /// this itself; callers with state to protect check first.
-pub fn check_column_buffers(layout: &BatchLayout, columns: &[&mut [u8]]) -> Result<()> {
+pub fn check_column_buffers<T>(layout: &BatchLayout, columns: &[&mut [T]]) -> Result<()> {
     if columns.len() != layout.columns().len() {
         return Err(Error::InvalidWindow(format!(
             "{} column buffers given, the batch layout has {} columns",
@@ -341,7 +342,7 @@ pub fn check_column_buffers(layout: &BatchLayout, columns: &[&mut [u8]]) -> Resu
 }
 
 /// [`check_column_buffers`], and one length per row.
-fn check_out(layout: &BatchLayout, columns: &[&mut [u8]], lengths: &[u64]) -> Result<()> {
+fn check_out<T>(layout: &BatchLayout, columns: &[&mut [T]], lengths: &[u64]) -> Result<()> {
     check_column_buffers(layout, columns)?;
     if lengths.len() != layout.rows() {
         return Err(Error::InvalidWindow(format!(
@@ -378,6 +379,22 @@ impl CpuCollector {
         columns: &mut [&mut [u8]],
         lengths: &mut [u64],
     ) -> Result<()> {
+        // SAFETY: the gather writes copies of table bytes and zeros only.
+        let mut views: Vec<&mut [MaybeUninit<u8>]> = columns.iter_mut().map(|c| unsafe { as_uninit(c) }).collect();
+        self.gather_into_uninit(src, rows, layout, &mut views, lengths)
+    }
+
+    /// [`CpuCollector::gather_into`] into buffers that may be
+    /// uninitialised: on success every byte of each column's first
+    /// [`BatchLayout::column_bytes`] bytes has been written.
+    pub(crate) fn gather_into_uninit(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        layout: &BatchLayout,
+        columns: &mut [&mut [MaybeUninit<u8>]],
+        lengths: &mut [u64],
+    ) -> Result<()> {
         let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
         validate(src.layout(), rows, layout)?;
         check_out(layout, columns, lengths)?;
@@ -392,10 +409,10 @@ impl CpuCollector {
         table_layout: &Layout,
         rows: &[GatherRow],
         layout: &BatchLayout,
-        columns: &mut [&mut [u8]],
+        columns: &mut [&mut [MaybeUninit<u8>]],
         lengths: &mut [u64],
     ) {
-        let mut cols: Vec<&mut [u8]> =
+        let mut cols: Vec<&mut [MaybeUninit<u8>]> =
             columns.iter_mut().enumerate().map(|(i, c)| &mut c[..layout.column_bytes(i) as usize]).collect();
         let threads = self.threads_for(layout);
         if threads <= 1 {
@@ -451,6 +468,22 @@ impl CpuCollector {
         columns: &mut [&mut [u8]],
         lengths: &mut [u64],
     ) -> Result<()> {
+        // SAFETY: the gather writes copies of table bytes and zeros only.
+        let mut views: Vec<&mut [MaybeUninit<u8>]> = columns.iter_mut().map(|c| unsafe { as_uninit(c) }).collect();
+        self.regather_into_uninit(src, rows, layout, which, &mut views, lengths)
+    }
+
+    /// [`CpuCollector::regather_into`] into buffers that may be
+    /// uninitialised (the rows in `which` are written whole).
+    pub(crate) fn regather_into_uninit(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        layout: &BatchLayout,
+        which: &[usize],
+        columns: &mut [&mut [MaybeUninit<u8>]],
+        lengths: &mut [u64],
+    ) -> Result<()> {
         let bytes = SharedBytes::of_view(src).ok_or_else(no_host_address)?;
         validate(src.layout(), rows, layout)?;
         check_which(which, rows.len())?;
@@ -467,11 +500,11 @@ fn regather_checked(
     rows: &[GatherRow],
     layout: &BatchLayout,
     which: &[usize],
-    columns: &mut [&mut [u8]],
+    columns: &mut [&mut [MaybeUninit<u8>]],
     lengths: &mut [u64],
 ) {
     for &r in which {
-        let mut cols: Vec<&mut [u8]> = columns
+        let mut cols: Vec<&mut [MaybeUninit<u8>]> = columns
             .iter_mut()
             .enumerate()
             .map(|(i, c)| {
@@ -484,10 +517,11 @@ fn regather_checked(
 }
 
 impl HostBatch {
-    /// The column buffers and row lengths, for the `_into` gathers.
-    fn parts(&mut self) -> (Vec<&mut [u8]>, &mut [u64]) {
+    /// The column buffers and row lengths, for the gathers.
+    fn parts(&mut self) -> (Vec<&mut [MaybeUninit<u8>]>, &mut [u64]) {
         let HostBatch { buffers, lengths, .. } = self;
-        (buffers.iter_mut().map(AlignedBytes::as_mut_slice).collect(), lengths)
+        // SAFETY: the gathers write copies of table bytes and zeros only.
+        (buffers.iter_mut().map(|b| unsafe { as_uninit(b.as_mut_slice()) }).collect(), lengths)
     }
 }
 
@@ -535,6 +569,6 @@ impl Collector for CpuCollector {
 /// A contiguous share of a batch's rows, handed to one thread.
 struct Share<'r, 'b> {
     rows: &'r [GatherRow],
-    cols: Vec<&'b mut [u8]>,
+    cols: Vec<&'b mut [MaybeUninit<u8>]>,
     lengths: &'b mut [u64],
 }

@@ -16,6 +16,7 @@ use std::alloc::{self, Layout};
 use std::fs::File;
 use std::io;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 
@@ -225,6 +226,19 @@ pub(crate) fn free_bytes(file: &File) -> io::Result<Option<u64>> {
     Ok((blocks != 0).then(|| avail.saturating_mul(frsize)))
 }
 
+/// `bytes` seen as bytes that may be uninitialised, for the gathers, which
+/// write their destination and never read it.
+///
+/// # Safety
+/// Only initialised bytes may be written through the returned slice (no
+/// `MaybeUninit::uninit()`), so that `bytes` stays initialised. The gathers
+/// write copies of table bytes and zeros only.
+pub(crate) unsafe fn as_uninit(bytes: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: `MaybeUninit<u8>` has `u8`'s size and alignment, the borrow is
+    // carried over, and the caller writes only initialised bytes.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len()) }
+}
+
 /// The host address of a table's data area, shared by the collector's
 /// threads for the lifetime `'a` of the table borrow it came from. Copies
 /// out of it are bounds-checked against `len`.
@@ -278,12 +292,13 @@ impl<'a> SharedBytes<'a> {
         gear_core::hint::prefetch(self.base.as_ptr().wrapping_add(offset));
     }
 
-    /// Copies `dst.len()` bytes starting at `offset` into `dst`.
+    /// Copies `dst.len()` bytes starting at `offset` into `dst` (which may
+    /// be uninitialised: it is written, never read).
     ///
     /// Panics if the range runs past the area: callers validate slots,
     /// lengths and windows first, so this only guards the invariant.
     #[inline]
-    pub(crate) fn copy_to(&self, offset: usize, dst: &mut [u8]) {
+    pub(crate) fn copy_to(&self, offset: usize, dst: &mut [MaybeUninit<u8>]) {
         let end = offset.checked_add(dst.len());
         assert!(
             end.is_some_and(|e| e <= self.len),
@@ -296,7 +311,7 @@ impl<'a> SharedBytes<'a> {
         // contract); `dst` is a unique borrow of our own buffer, so the
         // ranges do not overlap. Bytes another process writes concurrently
         // may be torn; the seqlock reader discards such copies (module doc).
-        unsafe { gear_core::copy::copy_bytes(self.base.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        unsafe { gear_core::copy::copy_bytes(self.base.as_ptr().add(offset), dst.as_mut_ptr().cast(), dst.len()) };
     }
 }
 
@@ -330,7 +345,7 @@ mod tests {
         let b = AlignedBytes::zeroed(16, 64).unwrap();
         // SAFETY: `b` outlives `s` and nobody writes it.
         let s = unsafe { SharedBytes::new(b.ptr(), b.len()) };
-        s.copy_to(8, &mut [0u8; 9]);
+        s.copy_to(8, &mut [MaybeUninit::new(0u8); 9]);
     }
 
     /// The inlined small copies and the `memcpy` path land exactly the
@@ -347,7 +362,8 @@ mod tests {
         for offset in 0..64 {
             for len in 0..=130 {
                 let mut out = vec![0xEEu8; len + 8];
-                s.copy_to(offset, &mut out[..len]);
+                // SAFETY: `copy_to` writes copies of initialised bytes only.
+                s.copy_to(offset, unsafe { as_uninit(&mut out[..len]) });
                 assert_eq!(&out[..len], &b.as_slice()[offset..offset + len], "offset {offset} len {len}");
                 assert!(out[len..].iter().all(|&x| x == 0xEE), "offset {offset} len {len}: wrote past the end");
             }

@@ -380,7 +380,10 @@ fn caller_buffers_through_the_collector_trait_match_a_host_batch() {
 
     let into = host.into_caller_buffers();
     assert!(into.alloc_batch(&layout).unwrap_err().to_string().contains("sized by the caller"));
-    let (mut a, mut b) = (vec![7u8; layout.column_bytes(0) as usize], vec![7u8; layout.column_bytes(1) as usize]);
+    // Uninitialised buffers, as an encode buffer's spare capacity is: a
+    // gather that succeeds writes every byte of them.
+    let uninit = |n: u64| vec![std::mem::MaybeUninit::<u8>::uninit(); n as usize];
+    let (mut a, mut b) = (uninit(layout.column_bytes(0)), uninit(layout.column_bytes(1)));
     let mut lens = [9u64; 3];
     let mut cols = [&mut a[..], &mut b[..]];
     let mut batch = gear_cpu::CallerBatch { columns: &mut cols, lengths: &mut lens };
@@ -390,7 +393,17 @@ fn caller_buffers_through_the_collector_trait_match_a_host_batch() {
     into.regather(&table.view(), &again, &layout, &[2], &mut batch).unwrap();
     host.regather(&table.view(), &again, &layout, &[2], &mut expected).unwrap();
     assert_eq!(into.lengths(&batch), host.lengths(&expected));
-    assert_eq!((&a[..], &b[..]), (expected.column(0), expected.column(1)));
+    let written = |c: &[std::mem::MaybeUninit<u8>]| -> Vec<u8> {
+        c.iter()
+            .map(|x| {
+                // SAFETY: the gather succeeded, which wrote every byte of both
+                // columns (`CallerBatch`'s contract; Miri would flag a byte
+                // left unwritten).
+                unsafe { x.assume_init() }
+            })
+            .collect()
+    };
+    assert_eq!((written(&a), written(&b)), (expected.column(0).to_vec(), expected.column(1).to_vec()));
 }
 
 #[test]
