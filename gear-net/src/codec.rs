@@ -13,6 +13,11 @@
 //! `encoded_len()` first makes the encode one copy into one allocation.
 //! Decoding is prost's, unchanged (tonic already reserves a message's
 //! length when it reads its header).
+//!
+//! What the codec sends is an [`OutgoingMessage`]: every prost message is
+//! one, and so is the shard server's
+//! [`SampleReplyOut`](crate::server::SampleReplyOut), which draws and
+//! gathers its rows straight into the encode buffer.
 
 use bytes::BufMut;
 use prost::Message;
@@ -21,7 +26,7 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder
 use tonic::Status;
 
 /// prost encoding into a buffer reserved to the message's size (see the
-/// module doc); named by `build.rs` as the service's `codec_path`.
+/// module doc); named by `build.rs` as the services' `codec_path`.
 #[derive(Debug, Clone)]
 pub struct SizedProstCodec<T, U> {
     _messages: PhantomData<(T, U)>,
@@ -33,21 +38,39 @@ impl<T, U> Default for SizedProstCodec<T, U> {
     }
 }
 
-/// Encodes `T` after reserving its encoded length.
+/// A message the codec can send: writes its protobuf encoding into tonic's
+/// encode buffer.
+pub trait OutgoingMessage: Send + 'static {
+    /// Appends this message's encoding to `buf`.
+    fn encode_to(self, buf: &mut EncodeBuf<'_>) -> Result<(), Status>;
+}
+
+impl<T: Message + 'static> OutgoingMessage for T {
+    fn encode_to(self, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        encode_sized(&self, buf)
+    }
+}
+
+/// Encodes `message` with prost after reserving its encoded length.
+pub fn encode_sized<M: Message>(message: &M, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    let len = message.encoded_len();
+    buf.reserve(len);
+    debug_assert!(buf.remaining_mut() >= len);
+    message.encode(buf).map_err(|e| Status::internal(format!("encoding a {len}-byte message: {e}")))
+}
+
+/// Encodes a `T` (see [`OutgoingMessage`]).
 #[derive(Debug, Clone, Default)]
 pub struct SizedProstEncoder<T> {
     _message: PhantomData<T>,
 }
 
-impl<T: Message> Encoder for SizedProstEncoder<T> {
+impl<T: OutgoingMessage> Encoder for SizedProstEncoder<T> {
     type Item = T;
     type Error = Status;
 
     fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        let len = item.encoded_len();
-        buf.reserve(len);
-        debug_assert!(buf.remaining_mut() >= len);
-        item.encode(buf).map_err(|e| Status::internal(format!("encoding a {len}-byte message: {e}")))
+        item.encode_to(buf)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
@@ -77,7 +100,7 @@ impl<U: Message + Default> Decoder for SizedProstDecoder<U> {
 
 impl<T, U> Codec for SizedProstCodec<T, U>
 where
-    T: Message + Send + 'static,
+    T: OutgoingMessage,
     U: Message + Default + Send + 'static,
 {
     type Encode = T;

@@ -32,7 +32,6 @@ pub mod committed;
 pub mod connect;
 pub mod convert;
 pub mod error;
-mod pool;
 pub mod rdma_settings;
 pub mod server;
 pub mod tls;
@@ -41,6 +40,9 @@ pub mod tls;
 #[allow(missing_docs, clippy::all)]
 pub mod proto {
     tonic::include_proto!("gear.v1");
+    // The server, generated on its own (build.rs): its `Sample` replies are
+    // `crate::server::SampleReplyOut`.
+    include!(concat!(env!("OUT_DIR"), "/server/gear.v1.rs"));
 }
 
 pub use client::{

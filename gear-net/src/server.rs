@@ -2,23 +2,22 @@
 //! service. Every request is checked against the table's spec and the
 //! server's message limit before it touches the table; table errors become
 //! gRPC statuses. Blocking table calls (rate-limiter waits) run on tokio's
-//! blocking threads so they never stall the reactor.
+//! blocking threads, or under `block_in_place` (a `Sample` draws while its
+//! reply is encoded: `server/reply.rs`), so they never stall the reactor.
 
 use crate::auth::{resolve_token, TokenCheck};
 use crate::committed;
 use crate::convert::{key_to_proto, table_status, Limits};
 use crate::error::{Error, Result};
-use crate::pool::BufferPool;
 use crate::proto::shard_server::{Shard, ShardServer};
 use crate::proto::{
-    HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply, SampleReply, SampleRequest,
-    SpecReply, SpecRequest, UpdateReply, UpdateRequest,
+    HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply, SampleRequest, SpecReply,
+    SpecRequest, UpdateReply, UpdateRequest,
 };
 use crate::rdma_settings::RdmaSettings;
-use gear_api::{ReplayTable, SampleConfig, Sampler, StepValue, Trajectory};
+use gear_api::{ReplayTable, StepValue, Trajectory};
 use gear_core::{check_priority, SlotKey, TransportServer};
 use gear_sampler::{StrategyKind, StrategyParams};
-use parking_lot::Mutex;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,7 +27,10 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 mod data_plane;
+mod reply;
 pub use data_plane::DataPlaneServer;
+pub use reply::SampleReplyOut;
+use reply::SamplerCache;
 
 /// Default limit on one message (a sample reply or an insert chunk).
 pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 256 << 20;
@@ -107,16 +109,11 @@ pub struct ShardService {
     incarnation: u64,
     strategy: StrategyInfo,
     limits: Limits,
-    /// Samplers kept between calls (their buffers are large), by config.
-    samplers: Arc<Mutex<Vec<(SampleConfig, Sampler)>>>,
-    /// Reply buffers reused between `Sample` calls.
-    replies: Arc<BufferPool>,
+    /// Samplers kept between calls, by request shape.
+    samplers: Arc<SamplerCache>,
     /// The transport servers `Connect` and ranged samples use, if any.
     data_plane: Option<Arc<DataPlaneServer>>,
 }
-
-/// Samplers cached at most (one per distinct request shape).
-const CACHED_SAMPLERS: usize = 8;
 
 /// A number that differs between two runs of a server: a restarted shard's
 /// keys are then recognisably stale.
@@ -136,8 +133,7 @@ impl ShardService {
             incarnation: new_incarnation(),
             strategy,
             limits: Limits::new(max_message_bytes),
-            samplers: Arc::new(Mutex::new(Vec::new())),
-            replies: Arc::new(BufferPool::default()),
+            samplers: Arc::new(SamplerCache::default()),
             data_plane: None,
         }
     }
@@ -213,7 +209,7 @@ impl Shard for ShardService {
         }))
     }
 
-    async fn sample(&self, request: Request<SampleRequest>) -> std::result::Result<Response<SampleReply>, Status> {
+    async fn sample(&self, request: Request<SampleRequest>) -> std::result::Result<Response<SampleReplyOut>, Status> {
         let expected = request.get_ref().incarnation;
         if expected != 0 && expected != self.incarnation {
             return Err(Status::aborted(format!(
@@ -222,51 +218,20 @@ impl Shard for ShardService {
             )));
         }
         if request.get_ref().ranges {
-            return self.sample_ranges(request.into_inner()).await;
+            return Ok(self.sample_ranges(request.into_inner()).await?.map(SampleReplyOut::from));
         }
         let req = request.into_inner();
         let (config, row_bytes) = self.limits.sample_config(self.table.spec(), &req)?;
-        let table = self.table.clone();
-        let samplers = self.samplers.clone();
-        let replies = self.replies.clone();
-        let (shard, incarnation) = (self.shard, self.incarnation);
-        blocking(move || {
-            let cached = {
-                let mut pool = samplers.lock();
-                pool.iter().position(|(c, _)| *c == config).map(|i| pool.swap_remove(i).1)
-            };
-            let mut sampler = match cached {
-                Some(s) => s,
-                None => table.sampler(config.clone()).map_err(table_status)?,
-            };
-            let rows = config.batch_size;
-            // `sample_into` writes every byte, padding included.
-            let mut buffers: Vec<Vec<u8>> = row_bytes.iter().map(|&b| replies.take(b as usize * rows)).collect();
-            let mut views: Vec<&mut [u8]> = buffers.iter_mut().map(|c| c.as_mut_slice()).collect();
-            let drawn = sampler.sample_into(&mut views).map_err(table_status)?;
-            let columns = buffers.into_iter().map(|b| replies.lend(b)).collect();
-            let (size, total_mass, min_mass) = table_masses(&table)?;
-            let reply = SampleReply {
-                shard,
-                incarnation,
-                keys: drawn.keys().iter().map(|&k| key_to_proto(shard, incarnation, k)).collect(),
-                lengths: drawn.lengths().to_vec(),
-                starts: drawn.starts().to_vec(),
-                probabilities: drawn.probabilities().to_vec(),
-                weights: drawn.weights().to_vec(),
-                columns,
-                size,
-                total_mass,
-                min_mass,
-                row_ranges: Vec::new(),
-            };
-            let mut pool = samplers.lock();
-            if pool.len() < CACHED_SAMPLERS {
-                pool.push((config, sampler));
-            }
-            Ok(Response::new(reply))
-        })
-        .await
+        let sampler = self.samplers.take(&self.table, &config)?;
+        // Drawn and gathered as tonic encodes the reply (server/reply.rs).
+        Ok(Response::new(SampleReplyOut::pending(
+            self.table.clone(),
+            sampler,
+            config,
+            row_bytes,
+            (self.shard, self.incarnation),
+            self.samplers.clone(),
+        )))
     }
 
     async fn connect_data_plane(

@@ -8,8 +8,9 @@ use gear_core::{ColumnSpec, DType, TableSpec, WindowSpec};
 use gear_net::proto::shard_server::{Shard, ShardServer};
 use gear_net::proto::{
     ConnectReply, ConnectRequest, HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply,
-    SampleReply, SampleRequest, SpecReply, SpecRequest, UpdateReply, UpdateRequest,
+    SampleRequest, SpecReply, SpecRequest, UpdateReply, UpdateRequest,
 };
+use gear_net::server::SampleReplyOut;
 use gear_net::{
     ClusterClient, ClusterConfig, ClusterSample, Error, ServerConfig, ServerHandle, ShardService, StrategyInfo,
 };
@@ -65,8 +66,8 @@ impl Shard for TamperingShard {
     async fn info(&self, r: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
         self.inner.info(r).await
     }
-    async fn sample(&self, r: Request<SampleRequest>) -> Result<Response<SampleReply>, Status> {
-        let mut reply = self.inner.sample(r).await?.into_inner();
+    async fn sample(&self, r: Request<SampleRequest>) -> Result<Response<SampleReplyOut>, Status> {
+        let mut reply = self.inner.sample(r).await?.into_inner().into_reply()?;
         match self.tamper {
             Tamper::ExtraColumn => {
                 let last = reply.columns.last().cloned().unwrap_or_default();
@@ -77,7 +78,7 @@ impl Shard for TamperingShard {
                 reply.columns[0] = [first.clone(), first].concat().into();
             }
         }
-        Ok(Response::new(reply))
+        Ok(Response::new(reply.into()))
     }
     async fn update_priorities(&self, r: Request<UpdateRequest>) -> Result<Response<UpdateReply>, Status> {
         self.inner.update_priorities(r).await
