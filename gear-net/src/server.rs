@@ -221,14 +221,13 @@ impl Shard for ShardService {
             return Ok(self.sample_ranges(request.into_inner()).await?.map(SampleReplyOut::from));
         }
         let req = request.into_inner();
-        let (config, row_bytes) = self.limits.sample_config(self.table.spec(), &req)?;
+        let (config, _) = self.limits.sample_config(self.table.spec(), &req)?;
         let sampler = self.samplers.take(&self.table, &config)?;
         // Drawn and gathered as tonic encodes the reply (server/reply.rs).
         Ok(Response::new(SampleReplyOut::pending(
             self.table.clone(),
             sampler,
             config,
-            row_bytes,
             (self.shard, self.incarnation),
             self.samplers.clone(),
         )))

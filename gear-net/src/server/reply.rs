@@ -98,7 +98,7 @@ impl std::fmt::Debug for SampleReplyOut {
             Out::Pending(p) => f
                 .debug_struct("SampleReplyOut::Pending")
                 .field("rows", &p.rows)
-                .field("row_bytes", &p.row_bytes)
+                .field("column_bytes", &p.column_bytes)
                 .finish_non_exhaustive(),
         }
     }
@@ -111,25 +111,24 @@ impl From<SampleReply> for SampleReplyOut {
 }
 
 impl SampleReplyOut {
-    /// A reply whose `rows` rows `sampler` draws and gathers when the reply
-    /// is encoded (or [`SampleReplyOut::into_reply`] is called); column `c`
-    /// of a row holds `row_bytes[c]` bytes. The sampler goes back to
-    /// `cache` afterwards.
+    /// A reply whose rows `sampler` (made for `config`) draws and gathers
+    /// when the reply is encoded (or [`SampleReplyOut::into_reply`] is
+    /// called). The sampler goes back to `cache` afterwards.
     pub(super) fn pending(
         table: ReplayTable,
         sampler: Sampler,
         config: SampleConfig,
-        row_bytes: Vec<u64>,
         (shard, incarnation): (u32, u64),
         cache: Arc<SamplerCache>,
     ) -> Self {
         let rows = config.batch_size;
+        let column_bytes = (0..sampler.layout().columns().len()).map(|i| sampler.layout().column_bytes(i)).collect();
         let sampler = Some(sampler);
         SampleReplyOut(Out::Pending(Box::new(PendingSample {
             table,
             sampler,
             config,
-            row_bytes,
+            column_bytes,
             rows,
             shard,
             incarnation,
@@ -163,7 +162,9 @@ struct PendingSample {
     /// Always `Some` until dropped (then it goes back to `cache`).
     sampler: Option<Sampler>,
     config: SampleConfig,
-    row_bytes: Vec<u64>,
+    /// Bytes of each column of the batch, from the sampler's layout: what
+    /// a successful `sample_into_uninit` writes, every byte of it.
+    column_bytes: Vec<u64>,
     rows: usize,
     shard: u32,
     incarnation: u64,
@@ -179,12 +180,6 @@ impl Drop for PendingSample {
 }
 
 impl PendingSample {
-    /// Bytes of each column of the batch (checked against the message
-    /// limit when the request was).
-    fn column_bytes(&self) -> Vec<usize> {
-        self.row_bytes.iter().map(|&b| b as usize * self.rows).collect()
-    }
-
     /// Draws and gathers with `gather`, then returns the reply's fields
     /// other than `columns`. A panic is a status, as on tokio's blocking
     /// threads, and the sampler it left is not kept.
@@ -220,7 +215,7 @@ impl PendingSample {
 
     /// [`SampleReplyOut::into_reply`] of a pending reply.
     fn gather_into_vecs(mut self: Box<Self>) -> Result<SampleReply, Status> {
-        let mut buffers: Vec<Vec<u8>> = self.column_bytes().into_iter().map(|n| vec![0u8; n]).collect();
+        let mut buffers: Vec<Vec<u8>> = self.column_bytes.iter().map(|&n| vec![0u8; n as usize]).collect();
         let mut reply = run_blocking(|| {
             let mut views: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
             self.draw(|s| s.sample_into(&mut views))
@@ -232,7 +227,8 @@ impl PendingSample {
     /// Encodes the reply into `buf`, gathering the columns in place (module
     /// doc).
     fn gather_into_encode_buffer(mut self: Box<Self>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        let lens = self.column_bytes();
+        // Checked against the message limit with the request.
+        let lens: Vec<usize> = self.column_bytes.iter().map(|&n| n as usize).collect();
         // Each column is one entry of field 8: its key and length, then its
         // bytes.
         let heads: Vec<Vec<u8>> = lens
