@@ -221,7 +221,7 @@ impl Shard for ShardService {
             return Ok(self.sample_ranges(request.into_inner()).await?.map(SampleReplyOut::from));
         }
         let req = request.into_inner();
-        let (config, _) = self.limits.sample_config(self.table.spec(), &req)?;
+        let config = self.limits.sample_config(self.table.spec(), &req)?;
         let sampler = self.samplers.take(&self.table, &config)?;
         // Drawn and gathered as tonic encodes the reply (server/reply.rs).
         Ok(Response::new(SampleReplyOut::pending(

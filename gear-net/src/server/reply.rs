@@ -97,7 +97,7 @@ impl std::fmt::Debug for SampleReplyOut {
             Out::Built(r) => f.debug_tuple("SampleReplyOut::Built").field(r).finish(),
             Out::Pending(p) => f
                 .debug_struct("SampleReplyOut::Pending")
-                .field("rows", &p.rows)
+                .field("rows", &p.config.batch_size)
                 .field("column_bytes", &p.column_bytes)
                 .finish_non_exhaustive(),
         }
@@ -121,7 +121,6 @@ impl SampleReplyOut {
         (shard, incarnation): (u32, u64),
         cache: Arc<SamplerCache>,
     ) -> Self {
-        let rows = config.batch_size;
         let column_bytes = (0..sampler.layout().columns().len()).map(|i| sampler.layout().column_bytes(i)).collect();
         let sampler = Some(sampler);
         SampleReplyOut(Out::Pending(Box::new(PendingSample {
@@ -129,7 +128,6 @@ impl SampleReplyOut {
             sampler,
             config,
             column_bytes,
-            rows,
             shard,
             incarnation,
             cache,
@@ -165,7 +163,6 @@ struct PendingSample {
     /// Bytes of each column of the batch, from the sampler's layout: what
     /// a successful `sample_into_uninit` writes, every byte of it.
     column_bytes: Vec<u64>,
-    rows: usize,
     shard: u32,
     incarnation: u64,
     cache: Arc<SamplerCache>,
@@ -241,7 +238,7 @@ impl PendingSample {
             })
             .collect();
         let total: usize = heads.iter().zip(&lens).map(|(h, n)| h.len() + n).sum();
-        buf.reserve(total + other_fields_bound(self.rows));
+        buf.reserve(total + other_fields_bound(self.config.batch_size));
         let reply = {
             // SAFETY: only initialised bytes are written through `spare`:
             // the heads' bytes below, and the windows' bytes and padding by
