@@ -221,12 +221,19 @@ fn a_refused_commit_stops_the_batch_and_leaks_no_slot() {
     assert_eq!(table.info().unwrap().size, 8);
 }
 
-#[test]
-fn sample_into_writes_caller_buffers_like_a_sampled_batch() {
-    let table = ReplayTable::builder(spec(16)).seed(5).build().unwrap();
+/// A table (seeded with `seed`) holding trajectories 10 to 14, three steps
+/// each, and the id of each key.
+fn five_items(seed: u64) -> (ReplayTable, HashMap<SlotKey, u8>) {
+    let table = ReplayTable::builder(spec(16)).seed(seed).build().unwrap();
     let batch = Batch::new(10..15, 3);
     let keys = table.writer().insert_batch(5, 3, &batch.values(), None).unwrap();
-    let ids: HashMap<SlotKey, u8> = keys.iter().copied().zip(10..15).collect();
+    let ids = keys.iter().copied().zip(10..15).collect();
+    (table, ids)
+}
+
+#[test]
+fn sample_into_writes_caller_buffers_like_a_sampled_batch() {
+    let (table, ids) = five_items(5);
     let rows = 64;
     let mut sampler = table.sampler(SampleConfig::new(rows, window())).unwrap();
     let layout = sampler.layout().clone();
@@ -255,10 +262,7 @@ fn sample_into_writes_caller_buffers_like_a_sampled_batch() {
 #[test]
 fn sample_into_uninit_writes_every_byte_of_uninitialised_buffers() {
     use std::mem::MaybeUninit;
-    let table = ReplayTable::builder(spec(16)).seed(9).build().unwrap();
-    let batch = Batch::new(10..15, 3);
-    let keys = table.writer().insert_batch(5, 3, &batch.values(), None).unwrap();
-    let ids: HashMap<SlotKey, u8> = keys.iter().copied().zip(10..15).collect();
+    let (table, ids) = five_items(9);
     let rows = 48;
     let mut sampler = table.sampler(SampleConfig::new(rows, window())).unwrap();
     let layout = sampler.layout().clone();
