@@ -13,14 +13,51 @@ use crate::layout::Layout;
 use crate::region::TableView;
 use crate::window::WindowSpec;
 
-/// One batch row: a slot and the stored length to apply the window to (the
-/// length published when the slot was chosen; later appends are not read).
+/// One batch row: a slot and the sequence of its steps the window applies
+/// to: steps `[start, start + len)`. For a whole trajectory `start` is 0
+/// and `len` the length published when the slot was chosen (later appends
+/// are not read); for an item, its window. The window rule sees a
+/// trajectory of `len` steps, and the copy reads `start` steps further.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GatherRow {
     /// Slot index.
     pub slot: u32,
-    /// Stored (published) length `k` of the trajectory.
+    /// First step of the sequence (0 for a whole trajectory).
+    pub start: u64,
+    /// Steps in the sequence: the stored length `k` the window rule is
+    /// applied to.
     pub len: u64,
+}
+
+impl GatherRow {
+    /// A row over the first `len` steps of `slot` (a whole trajectory of
+    /// published length `len`).
+    pub const fn whole(slot: u32, len: u64) -> Self {
+        GatherRow { slot, start: 0, len }
+    }
+
+    /// Where the row's window is: [`WindowSpec::resolve`] of `len`, with
+    /// `src_step` counted from the slot's first step.
+    #[inline]
+    pub fn resolve(&self, window: &WindowSpec) -> crate::window::ResolvedWindow {
+        let mut w = window.resolve(self.len);
+        w.src_step = w.src_step.saturating_add(self.start);
+        w
+    }
+
+    /// Checks the row against a table of `max_len` steps per slot: the
+    /// sequence must lie inside the slot.
+    pub fn check_len(&self, row: usize, max_len: u64) -> Result<()> {
+        if self.start.checked_add(self.len).is_none_or(|end| end > max_len) {
+            return Err(Error::InvalidWindow(format!(
+                "row {row} (slot {}): steps {}..{} exceed the table's maximum trajectory length {max_len}",
+                self.slot,
+                self.start,
+                self.start.saturating_add(self.len)
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The shape of a batch: which columns, how many rows, which window.

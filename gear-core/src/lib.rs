@@ -8,6 +8,8 @@
 //! * [`WindowSpec`]: which steps of a trajectory land where in a batch row;
 //! * [`SlotRecord`]/[`SlotKey`]: per-slot metadata as atomics, with a seqlock
 //!   so readers detect slots reused under them;
+//! * [`ItemRecord`]: items, windows of a stored trajectory with priorities
+//!   of their own, valid only while their slot holds that trajectory;
 //! * [`TableRegion`]: a table's header, slot records and data inside any
 //!   [`MemoryRegion`];
 //! * the backend traits: [`MemoryRegion`], [`Selector`], [`Collector`],
@@ -28,6 +30,7 @@ pub mod copy;
 pub mod dtype;
 pub mod error;
 pub mod hint;
+pub mod item;
 pub mod layout;
 pub mod memory;
 pub mod region;
@@ -43,12 +46,13 @@ pub use collect::{BatchLayout, Collector, GatherRow};
 pub use control::{log_entries, target, Change, ControlBlock, LogEntry, LogOp, MAX_LEASES, MIN_LOG_ENTRIES};
 pub use dtype::{as_bytes, from_bytes, DType, Element};
 pub use error::{Error, Result};
+pub use item::{item_index, ItemMeta, ItemPattern, ItemRecord, ItemState, ItemWindow};
 pub use layout::Layout;
 pub use memory::{HeapRegion, MemoryKind, MemoryRegion};
 pub use region::{RegionLayout, TableRegion, TableView};
 pub use rng::{RandomSource, Xoshiro256};
 pub use select::{check_batch_priorities, check_priority, Sampled, SelectionMass, SelectionRule, Selector};
-pub use slot::{SlotKey, SlotMeta, SlotRecord, SlotState};
+pub use slot::{SlotKey, SlotMeta, SlotRecord, SlotState, ITEM_KEY_BIT};
 pub use spec::{ColumnSpec, TableSpec};
 pub use transport::{
     check_read_ops, ExposedRegion, LocalBuffer, PeerEndpoint, PendingConnection, QueuePairEndpoint, RdmaEndpoint,

@@ -1,9 +1,12 @@
 //! A table inside a memory region: header, slot records, data.
 //!
 //! ```text
-//! 0              64             control_offset                                   slots_offset            data_offset
-//! | fixed header | encoded spec | ControlBlock | free list | change log          | SlotRecord x capacity | data |
+//! 0              64             control_offset                        slots_offset            items_offset                         data_offset
+//! | fixed header | encoded spec | ControlBlock | free list | change log | SlotRecord x capacity | ItemRecord x capacity x M | data |
 //! ```
+//!
+//! (`M` is the spec's items per trajectory; the item area is empty when
+//! it is 0.)
 //!
 //! The fixed header holds a magic, the format version, a `ready` word the
 //! creator sets last (release) so an attacher never reads a half-written
@@ -13,6 +16,7 @@
 
 use crate::control::{log_entries, ControlBlock, LogEntry};
 use crate::error::{Error, Result};
+use crate::item::ItemRecord;
 use crate::layout::Layout;
 use crate::memory::MemoryRegion;
 use crate::slot::{SlotKey, SlotRecord, SlotState};
@@ -22,8 +26,8 @@ use std::ptr::NonNull;
 
 /// First eight bytes of every table region.
 pub const MAGIC: [u8; 8] = *b"GEARTBL\0";
-/// Region format version; bumped on any layout change.
-pub const FORMAT_VERSION: u32 = 3;
+/// Region format version; bumped on any layout change (4: item records).
+pub const FORMAT_VERSION: u32 = 4;
 /// Bytes of the fixed header before the encoded spec.
 pub const FIXED_HEADER_BYTES: u64 = 64;
 /// Alignment of the data area (a page, so windows start page-aligned
@@ -55,6 +59,9 @@ pub struct RegionLayout {
     pub log_entries: u64,
     /// Offset of the slot records.
     pub slots_offset: u64,
+    /// Offset of the item records (`capacity * items_per_trajectory` of
+    /// them; none for a table without items).
+    pub items_offset: u64,
     /// Offset of the data area.
     pub data_offset: u64,
     /// Bytes the whole region needs.
@@ -75,13 +82,19 @@ impl RegionLayout {
         let free_bytes = spec.capacity().checked_mul(4).ok_or_else(overflow)?;
         let log_offset =
             align_up(free_offset.checked_add(free_bytes).ok_or_else(overflow)?, 64).ok_or_else(overflow)?;
-        let log_entries = log_entries(spec.capacity());
+        // Each committed trajectory logs one entry per item: size the ring
+        // by whichever is more, slots or items.
+        let log_entries = log_entries(spec.capacity().max(spec.item_capacity()));
         let log_bytes = log_entries.checked_mul(std::mem::size_of::<LogEntry>() as u64).ok_or_else(overflow)?;
         let slots_offset =
             align_up(log_offset.checked_add(log_bytes).ok_or_else(overflow)?, 64).ok_or_else(overflow)?;
         let slots_bytes = spec.capacity().checked_mul(std::mem::size_of::<SlotRecord>() as u64).ok_or_else(overflow)?;
+        let items_offset =
+            align_up(slots_offset.checked_add(slots_bytes).ok_or_else(overflow)?, 64).ok_or_else(overflow)?;
+        let items_bytes =
+            spec.item_capacity().checked_mul(std::mem::size_of::<ItemRecord>() as u64).ok_or_else(overflow)?;
         let data_offset =
-            align_up(slots_offset.checked_add(slots_bytes).ok_or_else(overflow)?, DATA_ALIGN).ok_or_else(overflow)?;
+            align_up(items_offset.checked_add(items_bytes).ok_or_else(overflow)?, DATA_ALIGN).ok_or_else(overflow)?;
         let total_bytes = data_offset.checked_add(Layout::new(spec)?.total_bytes()).ok_or_else(overflow)?;
         usize::try_from(total_bytes).map_err(|_| overflow())?;
         Ok(RegionLayout {
@@ -91,6 +104,7 @@ impl RegionLayout {
             log_offset,
             log_entries,
             slots_offset,
+            items_offset,
             data_offset,
             total_bytes,
         })
@@ -101,7 +115,11 @@ impl RegionLayout {
 pub fn summarize(spec: &TableSpec) -> String {
     let cols: Vec<String> =
         spec.columns().iter().map(|c| format!("{}:{}{:?}", c.name(), c.dtype(), c.shape())).collect();
-    format!("[{}] x T={} x capacity={}", cols.join(", "), spec.max_len(), spec.capacity())
+    let items = match spec.items_per_trajectory() {
+        0 => String::new(),
+        m => format!(" with {m} items per trajectory"),
+    };
+    format!("[{}] x T={} x capacity={}{items}", cols.join(", "), spec.max_len(), spec.capacity())
 }
 
 /// A table laid out in a memory region. Owns the region; all access to the
@@ -318,6 +336,34 @@ impl<R: MemoryRegion> TableRegion<R> {
         self.slots()
             .get(slot as usize)
             .ok_or_else(|| Error::SlotOutOfRange { slot: u64::from(slot), capacity: self.spec.capacity() })
+    }
+
+    /// All item records (`capacity * items_per_trajectory`; empty for a
+    /// table without items).
+    pub fn items(&self) -> &[ItemRecord] {
+        // SAFETY: the item area lies inside the region (its size is part
+        // of the layout checked at create/open), is 64-byte aligned, and
+        // any bit pattern is a valid `ItemRecord` (atomics only).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(self.region_layout.items_offset as usize).cast::<ItemRecord>(),
+                self.spec.item_capacity() as usize,
+            )
+        }
+    }
+
+    /// The item records of one slot (empty for a table without items).
+    pub fn items_of(&self, slot: u32) -> &[ItemRecord] {
+        let m = self.spec.items_per_trajectory() as usize;
+        let first = slot as usize * m;
+        self.items().get(first..first + m).unwrap_or(&[])
+    }
+
+    /// The slot an item index belongs to (`None` when the index is beyond
+    /// the table's items).
+    pub fn item_slot(&self, index: u32) -> Option<u32> {
+        let m = self.spec.items_per_trajectory();
+        (u64::from(index) < self.spec.item_capacity()).then(|| (u64::from(index) / m) as u32)
     }
 
     /// Host address of the data area.

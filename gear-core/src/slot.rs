@@ -21,16 +21,43 @@ use crate::error::{Error, Result};
 use crate::sync::{fence, AtomicU64, Ordering};
 
 /// A user-visible handle to one stored trajectory: the slot and the
-/// generation the slot had when the trajectory was written.
+/// generation the slot had when the trajectory was written; or, in a table
+/// with items, to one item (see [`crate::item`]): then `slot` is the item's
+/// index and `generation` the item's generation with [`ITEM_KEY_BIT`] set,
+/// so the two kinds of key never name each other (slot generations never
+/// carry that bit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotKey {
-    /// Slot index, `< capacity`.
+    /// Slot index, `< capacity` (an item key: the item's index).
     pub slot: u32,
-    /// Generation of the slot when the key was made.
+    /// Generation of the slot when the key was made (an item key: the
+    /// item's generation, with [`ITEM_KEY_BIT`]).
     pub generation: u32,
 }
 
+/// The bit of [`SlotKey::generation`] that marks an item's key. Slot
+/// generations wrap below it (31 bits), item generations are kept in the
+/// 31 bits under it.
+pub const ITEM_KEY_BIT: u32 = 1 << 31;
+
 impl SlotKey {
+    /// The key of item `index` at `generation` (the low 31 bits are used).
+    pub const fn item(index: u32, generation: u32) -> Self {
+        SlotKey { slot: index, generation: (generation & !ITEM_KEY_BIT) | ITEM_KEY_BIT }
+    }
+
+    /// Whether this is an item's key (made by [`SlotKey::item`]) rather
+    /// than a trajectory's.
+    pub const fn is_item(self) -> bool {
+        self.generation & ITEM_KEY_BIT != 0
+    }
+
+    /// An item key's generation without the tag bit (a trajectory key's
+    /// generation as it is).
+    pub const fn item_generation(self) -> u32 {
+        self.generation & !ITEM_KEY_BIT
+    }
+
     /// Packs the key into one `u64` (generation high, slot low), the form
     /// kept in device buffers and wire messages.
     pub const fn to_u64(self) -> u64 {
@@ -45,7 +72,11 @@ impl SlotKey {
 
 impl std::fmt::Display for SlotKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}", self.slot, self.generation)
+        if self.is_item() {
+            write!(f, "item {}@{}", self.slot, self.item_generation())
+        } else {
+            write!(f, "{}@{}", self.slot, self.generation)
+        }
     }
 }
 
@@ -166,7 +197,9 @@ impl SlotRecord {
         if state != SlotState::Free {
             return Err(Error::SlotState { slot, op: "begin a trajectory", state });
         }
-        let generation = ((cur >> 32) as u32).wrapping_add(1);
+        // Slot generations stay below the item-key bit, so a trajectory's
+        // key is never taken for an item's.
+        let generation = ((cur >> 32) as u32).wrapping_add(1) & !ITEM_KEY_BIT;
         // The owner goes in before the state says `Writing`: a process killed
         // between the two leaves a free slot, never a writing one with no
         // owner to reclaim it from.
@@ -367,6 +400,20 @@ mod tests {
         );
         assert!(r.begin_restore(key, 9, 13, 1.0).is_err(), "only a free slot is restored into");
         assert!(!r.set_times_sampled(SlotKey { slot: 4, generation: 76 }, 1));
+    }
+
+    #[test]
+    fn slot_generations_wrap_below_the_item_bit() {
+        let r = SlotRecord::default();
+        r.state_gen.store(pack(ITEM_KEY_BIT - 1, SlotState::Free), Ordering::Relaxed);
+        let k = r.begin_write(2, 1, 1, 0.0).unwrap();
+        assert_eq!(k.generation, 0);
+        assert!(!k.is_item());
+        let item = SlotKey::item(5, u32::MAX);
+        assert!(item.is_item());
+        assert_eq!(item.item_generation(), ITEM_KEY_BIT - 1);
+        assert_eq!(SlotKey::from_u64(item.to_u64()), item);
+        assert_eq!(item.to_string(), format!("item 5@{}", ITEM_KEY_BIT - 1));
     }
 
     #[test]

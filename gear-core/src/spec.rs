@@ -83,14 +83,18 @@ impl ColumnSpec {
     }
 }
 
-/// A table: its columns, the maximum trajectory length `T` in timesteps, and
-/// the capacity in trajectories. Construct with [`TableSpec::new`], which
-/// validates; a `TableSpec` value is always valid and its sizes fit in `u64`.
+/// A table: its columns, the maximum trajectory length `T` in timesteps, the
+/// capacity in trajectories and, for tables whose rows are items, how many
+/// items each trajectory may hold ([`TableSpec::with_items_per_trajectory`]).
+/// Construct with [`TableSpec::new`], which validates; a `TableSpec` value
+/// is always valid and its sizes fit in `u64`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TableSpec {
     columns: Vec<ColumnSpec>,
     max_len: u64,
     capacity: u64,
+    /// Item records per slot (0: no items; trajectories are the rows).
+    items_per_trajectory: u32,
 }
 
 impl TableSpec {
@@ -126,10 +130,54 @@ impl TableSpec {
                 return Err(Error::InvalidSpec(format!("duplicate column name `{}`", c.name)));
             }
         }
-        let spec = TableSpec { columns, max_len, capacity };
+        let spec = TableSpec { columns, max_len, capacity, items_per_trajectory: 0 };
         // Computing the layout checks every size and offset for overflow.
         crate::layout::Layout::new(&spec)?;
         Ok(spec)
+    }
+
+    /// The same table with room for `m` items per trajectory (windows of a
+    /// stored trajectory with priorities of their own, see
+    /// [`crate::item`]); 0 keeps trajectories as the rows. Refused when
+    /// the items of all slots could not be named by a `u32` index
+    /// (`capacity * m < 2^32 - 1`) or `T` does not fit 32 bits (an item's
+    /// window is stored in 32-bit steps).
+    pub fn with_items_per_trajectory(mut self, m: u64) -> Result<Self> {
+        if m > 0 {
+            let items = self.capacity.checked_mul(m).filter(|&n| n < u64::from(u32::MAX));
+            if items.is_none() {
+                return Err(Error::InvalidSpec(format!(
+                    "{m} items per trajectory x capacity {} is {} items, more than the {} an item index can name",
+                    self.capacity,
+                    self.capacity.saturating_mul(m),
+                    u32::MAX - 1
+                )));
+            }
+            if self.max_len > u64::from(u32::MAX) {
+                return Err(Error::InvalidSpec(format!(
+                    "a table with items keeps windows in 32 bits: max trajectory length {} is above {}",
+                    self.max_len,
+                    u32::MAX
+                )));
+            }
+        }
+        self.items_per_trajectory = m as u32;
+        Ok(self)
+    }
+
+    /// Item records per trajectory (0: the table has no items).
+    pub fn items_per_trajectory(&self) -> u64 {
+        u64::from(self.items_per_trajectory)
+    }
+
+    /// Whether the table's rows are items rather than whole trajectories.
+    pub fn has_items(&self) -> bool {
+        self.items_per_trajectory > 0
+    }
+
+    /// Item records in the table: `capacity * items_per_trajectory`.
+    pub fn item_capacity(&self) -> u64 {
+        self.capacity * u64::from(self.items_per_trajectory)
     }
 
     /// The columns, in storage order.
@@ -173,7 +221,9 @@ impl TableSpec {
     }
 
     /// Encodes the spec for a region header (little-endian, versioned by the
-    /// header that holds it).
+    /// header that holds it). Items per trajectory follow the columns as a
+    /// `u32` only when non-zero, so a spec without items encodes as it did
+    /// before items existed (checkpoints of such tables stay readable).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&self.max_len.to_le_bytes());
@@ -187,6 +237,9 @@ impl TableSpec {
             for d in &c.shape {
                 out.extend_from_slice(&d.to_le_bytes());
             }
+        }
+        if self.items_per_trajectory > 0 {
+            out.extend_from_slice(&self.items_per_trajectory.to_le_bytes());
         }
         out
     }
@@ -216,10 +269,13 @@ impl TableSpec {
             let shape = (0..rank).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
             columns.push(ColumnSpec { name, dtype, shape });
         }
+        let items = if r.pos + 4 == bytes.len() { r.u32()? } else { 0 };
         if r.pos != bytes.len() {
             return Err(Error::Decode(format!("{} trailing bytes after the spec", bytes.len() - r.pos)));
         }
-        TableSpec::new(columns, max_len, capacity).map_err(|e| Error::Decode(format!("stored spec is invalid: {e}")))
+        TableSpec::new(columns, max_len, capacity)
+            .and_then(|s| s.with_items_per_trajectory(u64::from(items)))
+            .map_err(|e| Error::Decode(format!("stored spec is invalid: {e}")))
     }
 }
 
@@ -293,5 +349,21 @@ mod tests {
         let mut extra = bytes.clone();
         extra.push(0);
         assert!(TableSpec::decode(&extra).is_err());
+        let items = spec.clone().with_items_per_trajectory(500).unwrap();
+        let encoded = items.encode();
+        assert_eq!(encoded.len(), bytes.len() + 4, "no items: the encoding of before");
+        assert_eq!(TableSpec::decode(&encoded).unwrap(), items);
+        assert_ne!(items, spec);
+    }
+
+    #[test]
+    fn items_are_bounded_by_a_u32_index() {
+        let spec = TableSpec::new(vec![col("x", DType::U8, &[])], 8, 1 << 20).unwrap();
+        assert_eq!(spec.clone().with_items_per_trajectory(4095).unwrap().item_capacity(), 4095 << 20);
+        let e = spec.clone().with_items_per_trajectory(4096).unwrap_err().to_string();
+        assert!(e.contains("4096 items per trajectory"), "{e}");
+        let long = TableSpec::new(vec![col("x", DType::U8, &[])], 1 << 33, 1).unwrap();
+        assert!(long.with_items_per_trajectory(1).unwrap_err().to_string().contains("32 bits"));
+        assert!(!spec.has_items());
     }
 }

@@ -25,8 +25,7 @@ fn bench_gather(c: &mut Criterion) {
         rec.commit(key).unwrap();
     }
     // Spread rows over the table so the source is not one hot range.
-    let rows: Vec<GatherRow> =
-        (0..BATCH as u32).map(|i| GatherRow { slot: (i * 37) % CAPACITY as u32, len: T }).collect();
+    let rows: Vec<GatherRow> = (0..BATCH as u32).map(|i| GatherRow::whole((i * 37) % CAPACITY as u32, T)).collect();
     let layout = BatchLayout::new(table.layout(), &[0], BATCH, WindowSpec::whole(T)).unwrap();
     let bytes = layout.total_bytes();
 
@@ -49,7 +48,7 @@ fn bench_gather(c: &mut Criterion) {
     // per-window overhead dominates.
     let w = WindowSpec::last(16);
     let small = BatchLayout::new(table.layout(), &[0], 256, w).unwrap();
-    let rows256: Vec<GatherRow> = (0..256u32).map(|i| GatherRow { slot: i, len: 8 + u64::from(i) % (T - 8) }).collect();
+    let rows256: Vec<GatherRow> = (0..256u32).map(|i| GatherRow::whole(i, 8 + u64::from(i) % (T - 8))).collect();
     let collector = CpuCollector::new();
     let mut batch = collector.alloc_batch(&small).unwrap();
     g.throughput(Throughput::Bytes(small.total_bytes()));

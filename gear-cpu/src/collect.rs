@@ -251,14 +251,7 @@ fn validate(table: &Layout, rows: &[GatherRow], layout: &BatchLayout) -> Result<
     }
     for (r, row) in rows.iter().enumerate() {
         table.check_slot(u64::from(row.slot))?;
-        if row.len > table.max_len() {
-            return Err(Error::InvalidWindow(format!(
-                "row {r} (slot {}): stored length {} exceeds the table's maximum trajectory length {}",
-                row.slot,
-                row.len,
-                table.max_len()
-            )));
-        }
+        row.check_len(r, table.max_len())?;
     }
     Ok(())
 }
@@ -284,7 +277,7 @@ fn gather_rows(
     // windows continue sequentially, where the hardware prefetcher helps.)
     // Small rows keep several columns on one line: ask for it once.
     for row in rows {
-        let w = window.resolve(row.len);
+        let w = row.resolve(&window);
         if w.steps > 0 {
             let mut last_line = u64::MAX;
             for &(base, s) in &columns {
@@ -297,12 +290,12 @@ fn gather_rows(
         }
     }
     for (r, (row, len)) in rows.iter().zip(lengths.iter_mut()).enumerate() {
-        let w = window.resolve(row.len);
+        let w = row.resolve(&window);
         *len = w.steps;
         let first = u64::from(row.slot) * stride;
         for (&(base, s), buf) in columns.iter().zip(out.iter_mut()) {
             let dst = &mut buf[r * l * s..(r + 1) * l * s];
-            // Validated: slot < capacity and src_step + steps <= len <= T.
+            // Validated: slot < capacity and src_step + steps <= start + len <= T.
             let at = (first + base + w.src_step * s as u64) as usize;
             if w.steps as usize == l {
                 // A full row, the common case: one copy, no padding.

@@ -33,6 +33,8 @@ fn filled_table(spec: &TableSpec) -> TableRegion<HostPool> {
 /// SPEC.md, one output step at a time: start = s if s >= 0 else
 /// max(k+s, 0); end = min(start+l, k); n = max(end-start, 0); tail padding
 /// puts the n steps at [0, n), head padding at [l-n, l); zeros elsewhere.
+/// A row that starts inside its slot (an item's window) is a trajectory of
+/// `k` steps whose step 0 is the slot's step `row.start`.
 fn reference(spec: &TableSpec, columns: &[usize], rows: &[GatherRow], w: WindowSpec) -> (Vec<Vec<u8>>, Vec<u64>) {
     let l = w.len as i64;
     let mut out = vec![Vec::new(); columns.len()];
@@ -51,7 +53,7 @@ fn reference(spec: &TableSpec, columns: &[usize], rows: &[GatherRow], w: WindowS
                     Pad::Head => j - (l - n),
                 };
                 if (0..n).contains(&idx) {
-                    out[i].extend(pattern(u64::from(row.slot), c, (start + idx) as u64, s));
+                    out[i].extend(pattern(u64::from(row.slot), c, row.start + (start + idx) as u64, s));
                 } else {
                     out[i].extend(std::iter::repeat_n(0u8, s));
                 }
@@ -102,8 +104,19 @@ fn arb_case() -> impl Strategy<Value = Case> {
             let t = spec.max_len();
             let ncols = spec.columns().len();
             let cap = spec.capacity() as u32;
-            let rows = prop::collection::vec((0..cap, 0..=t), 0..9)
-                .prop_map(|v| v.into_iter().map(|(slot, len)| GatherRow { slot, len }).collect::<Vec<_>>());
+            // Whole trajectories and windows starting inside the slot
+            // (items): `start + len <= T`.
+            let rows = prop::collection::vec((0..cap, 0..=t, 0..=t, any::<bool>()), 0..9).prop_map(move |v| {
+                v.into_iter()
+                    .map(|(slot, a, b, item)| {
+                        if item {
+                            GatherRow { slot, start: a.min(b), len: a.max(b) - a.min(b) }
+                        } else {
+                            GatherRow::whole(slot, a)
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            });
             let window = (-(t as i64) - 3..t as i64 + 3, 1..=t, any::<bool>()).prop_map(|(offset, len, head)| {
                 WindowSpec { offset, len, pad: if head { Pad::Head } else { Pad::Tail } }
             });
@@ -154,7 +167,7 @@ proptest! {
 fn gather_into_refuses_wrong_buffers_before_writing() {
     let spec = two_column_spec();
     let table = filled_table(&spec);
-    let rows = [GatherRow { slot: 1, len: 3 }, GatherRow { slot: 0, len: 2 }];
+    let rows = [GatherRow::whole(1, 3), GatherRow::whole(0, 2)];
     let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), WindowSpec::last(2)).unwrap();
     let c = CpuCollector::with_threads(1);
     let (n0, n1) = (layout.column_bytes(0) as usize, layout.column_bytes(1) as usize);
@@ -188,7 +201,7 @@ fn a_reused_batch_is_fully_overwritten() {
     let mut batch = c.alloc_batch(&layout).unwrap();
 
     // First: every row full, so every byte is data.
-    let full: Vec<GatherRow> = (0..4).map(|s| GatherRow { slot: s, len: 20 }).collect();
+    let full: Vec<GatherRow> = (0..4).map(|s| GatherRow::whole(s, 20)).collect();
     c.gather(&table.view(), &full, &layout, &mut batch).unwrap();
     assert!(batch.column(0).iter().all(|&b| b != 0));
 
@@ -196,12 +209,7 @@ fn a_reused_batch_is_fully_overwritten() {
     // bytes must now be zero.
     let w2 = WindowSpec { offset: -5, len: 12, pad: Pad::Tail };
     let layout2 = BatchLayout::new(table.layout(), &[0, 1], 4, w2).unwrap();
-    let short = [
-        GatherRow { slot: 5, len: 3 },
-        GatherRow { slot: 6, len: 0 },
-        GatherRow { slot: 7, len: 20 },
-        GatherRow { slot: 5, len: 9 },
-    ];
+    let short = [GatherRow::whole(5, 3), GatherRow::whole(6, 0), GatherRow::whole(7, 20), GatherRow::whole(5, 9)];
     c.gather(&table.view(), &short, &layout2, &mut batch).unwrap();
     assert_eq!(batch.layout(), &layout2);
     assert_matches_reference(&batch, &spec, &[0, 1], &short, w2);
@@ -212,7 +220,7 @@ fn a_reused_batch_is_fully_overwritten() {
 
     // Third: fewer rows than the buffers were sized for.
     let layout3 = BatchLayout::new(table.layout(), &[0, 1], 2, WindowSpec::last(4)).unwrap();
-    let rows3 = [GatherRow { slot: 1, len: 2 }, GatherRow { slot: 1, len: 2 }];
+    let rows3 = [GatherRow::whole(1, 2), GatherRow::whole(1, 2)];
     c.gather(&table.view(), &rows3, &layout3, &mut batch).unwrap();
     assert_eq!(batch.rows(), 2);
     assert_eq!(batch.column(0).len() as u64, layout3.column_bytes(0));
@@ -228,7 +236,7 @@ fn threaded_gather_equals_single_threaded_on_a_large_batch() {
     )
     .unwrap();
     let table = filled_table(&spec);
-    let rows: Vec<GatherRow> = (0..37).map(|i| GatherRow { slot: (i * 7) % 24, len: u64::from(i * 5) % 65 }).collect();
+    let rows: Vec<GatherRow> = (0..37).map(|i| GatherRow::whole((i * 7) % 24, u64::from(i * 5) % 65)).collect();
     let w = WindowSpec { offset: -40, len: 48, pad: Pad::Tail };
     let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), w).unwrap();
     assert!(CpuCollector::with_threads(4).threads_for(&layout) == 4, "the batch must take the threaded path");
@@ -246,7 +254,7 @@ fn threaded_gather_equals_single_threaded_on_a_large_batch() {
 fn typed_views_and_rows() {
     let spec = two_column_spec();
     let table = filled_table(&spec);
-    let rows = [GatherRow { slot: 2, len: 3 }];
+    let rows = [GatherRow::whole(2, 3)];
     let b = gather(&CpuCollector::new(), &table, &[1, 0], &rows, WindowSpec::first(4));
     let act: &[i64] = b.column_as(0).unwrap();
     assert_eq!(act.len(), 4);
@@ -258,7 +266,7 @@ fn typed_views_and_rows() {
     // Steps of 3 bytes cannot be viewed as i16s.
     let odd = TableSpec::new(vec![ColumnSpec::new("rgb", DType::U8, vec![3])], 4, 2).unwrap();
     let table = filled_table(&odd);
-    let b = gather(&CpuCollector::new(), &table, &[0], &[GatherRow { slot: 1, len: 3 }], WindowSpec::first(2));
+    let b = gather(&CpuCollector::new(), &table, &[0], &[GatherRow::whole(1, 3)], WindowSpec::first(2));
     assert!(b.column_as::<i16>(0).is_none());
     assert!(b.column_as::<u8>(0).is_some());
 }
@@ -291,16 +299,19 @@ fn bad_inputs_are_errors_not_panics() {
     let view = table.view();
     let layout = BatchLayout::new(table.layout(), &[0], 2, WindowSpec::first(5)).unwrap();
     let mut batch = c.alloc_batch(&layout).unwrap();
-    let ok = [GatherRow { slot: 0, len: 5 }, GatherRow { slot: 1, len: 5 }];
+    let ok = [GatherRow::whole(0, 5), GatherRow::whole(1, 5)];
 
     let e = c.gather(&view, &ok[..1], &layout, &mut batch).unwrap_err();
     assert!(e.to_string().contains("1 rows given, the batch layout has 2"), "{e}");
 
-    let e = c.gather(&view, &[ok[0], GatherRow { slot: 8, len: 1 }], &layout, &mut batch).unwrap_err();
+    let e = c.gather(&view, &[ok[0], GatherRow::whole(8, 1)], &layout, &mut batch).unwrap_err();
     assert_eq!(e, CoreError::SlotOutOfRange { slot: 8, capacity: 8 });
 
-    let e = c.gather(&view, &[ok[0], GatherRow { slot: 1, len: 21 }], &layout, &mut batch).unwrap_err();
-    assert!(e.to_string().contains("stored length 21 exceeds"), "{e}");
+    let e = c.gather(&view, &[ok[0], GatherRow::whole(1, 21)], &layout, &mut batch).unwrap_err();
+    assert!(e.to_string().contains("steps 0..21 exceed"), "{e}");
+    let past_the_end = GatherRow { slot: 1, start: 15, len: 6 };
+    let e = c.gather(&view, &[ok[0], past_the_end], &layout, &mut batch).unwrap_err();
+    assert!(e.to_string().contains("steps 15..21 exceed"), "{e}");
 
     let bigger = BatchLayout::new(table.layout(), &[0], 3, WindowSpec::first(5)).unwrap();
     let e = c.gather(&view, &[ok[0], ok[1], ok[0]], &bigger, &mut batch).unwrap_err();
@@ -349,14 +360,14 @@ fn regather_replaces_only_the_listed_rows() {
     let table = filled_table(&spec);
     let c = CpuCollector::with_threads(1);
     let w = WindowSpec { offset: -6, len: 8, pad: Pad::Head };
-    let mut rows: Vec<GatherRow> = (0..5).map(|s| GatherRow { slot: s, len: 4 + s as u64 }).collect();
+    let mut rows: Vec<GatherRow> = (0..5).map(|s| GatherRow::whole(s, 4 + s as u64)).collect();
     let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), w).unwrap();
     let mut batch = c.alloc_batch(&layout).unwrap();
     c.gather(&table.view(), &rows, &layout, &mut batch).unwrap();
     let before: Vec<Vec<u8>> = (0..2).map(|i| batch.column(i).to_vec()).collect();
     // Rows 1 and 3 are redrawn: other slots, other lengths.
-    rows[1] = GatherRow { slot: 7, len: 20 };
-    rows[3] = GatherRow { slot: 6, len: 1 };
+    rows[1] = GatherRow::whole(7, 20);
+    rows[3] = GatherRow::whole(6, 1);
     c.regather(&table.view(), &rows, &layout, &[1, 3], &mut batch).unwrap();
     assert_matches_reference(&batch, &spec, &[0, 1], &rows, w);
     for (i, old) in before.iter().enumerate() {
@@ -372,7 +383,7 @@ fn regather_replaces_only_the_listed_rows() {
 fn caller_buffers_through_the_collector_trait_match_a_host_batch() {
     let spec = two_column_spec();
     let table = filled_table(&spec);
-    let rows = [GatherRow { slot: 1, len: 3 }, GatherRow { slot: 0, len: 2 }, GatherRow { slot: 1, len: 1 }];
+    let rows = [GatherRow::whole(1, 3), GatherRow::whole(0, 2), GatherRow::whole(1, 1)];
     let layout = BatchLayout::new(table.layout(), &[0, 1], rows.len(), WindowSpec::last(2)).unwrap();
     let host = CpuCollector::with_threads(1);
     let mut expected = host.alloc_batch(&layout).unwrap();
@@ -389,7 +400,7 @@ fn caller_buffers_through_the_collector_trait_match_a_host_batch() {
     let mut batch = gear_cpu::CallerBatch { columns: &mut cols, lengths: &mut lens };
     into.gather(&table.view(), &rows, &layout, &mut batch).unwrap();
     // Row 2 again from another slot: only its bytes change.
-    let again = [rows[0], rows[1], GatherRow { slot: 0, len: 2 }];
+    let again = [rows[0], rows[1], GatherRow::whole(0, 2)];
     into.regather(&table.view(), &again, &layout, &[2], &mut batch).unwrap();
     host.regather(&table.view(), &again, &layout, &[2], &mut expected).unwrap();
     assert_eq!(into.lengths(&batch), host.lengths(&expected));
@@ -413,7 +424,7 @@ fn a_deferred_batch_is_allocated_by_its_first_gather_or_by_allocate() {
     let c = CpuCollector::with_threads(1);
     let w = WindowSpec { offset: -5, len: 12, pad: Pad::Head };
     let layout = BatchLayout::new(table.layout(), &[0, 1], 3, w).unwrap();
-    let rows = [GatherRow { slot: 2, len: 20 }, GatherRow { slot: 4, len: 3 }, GatherRow { slot: 7, len: 9 }];
+    let rows = [GatherRow::whole(2, 20), GatherRow::whole(4, 3), GatherRow::whole(7, 9)];
 
     let mut by_gather = HostBatch::deferred(&layout);
     assert_eq!(by_gather.columns(), 0, "nothing allocated yet");

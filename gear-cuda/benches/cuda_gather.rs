@@ -31,7 +31,7 @@ fn benches(c: &mut Criterion) {
     let mut rng = Xoshiro256::seed_from_u64(1);
     for batch in [32usize, 256] {
         let rows: Vec<GatherRow> =
-            (0..batch).map(|_| GatherRow { slot: rng.below(spec.capacity()) as u32, len: spec.max_len() }).collect();
+            (0..batch).map(|_| GatherRow::whole(rng.below(spec.capacity()) as u32, spec.max_len())).collect();
         let layout = BatchLayout::new(table.layout(), &[0], batch, WindowSpec::last(64)).unwrap();
         let mut group = c.benchmark_group("cuda");
         group.throughput(Throughput::Bytes(layout.total_bytes()));

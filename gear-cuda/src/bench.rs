@@ -307,9 +307,7 @@ fn measure<R: gear_core::MemoryRegion + 'static>(
     let mut rng = Xoshiro256::seed_from_u64(params.seed);
     let sets: Vec<Vec<GatherRow>> = (0..params.warmup + params.iters)
         .map(|_| {
-            (0..params.batch)
-                .map(|_| GatherRow { slot: rng.below(params.capacity) as u32, len: params.max_len })
-                .collect()
+            (0..params.batch).map(|_| GatherRow::whole(rng.below(params.capacity) as u32, params.max_len)).collect()
         })
         .collect();
     let col_idx: Vec<usize> = (0..params.step_bytes.len()).collect();

@@ -386,7 +386,7 @@ impl CudaCollector {
         })?;
         // The column table and grid do not depend on the rows.
         let dst_bases: Vec<u64> = out.columns.iter().map(|c| c.device_addr()).collect();
-        let placeholder = vec![GatherRow { slot: 0, len: 0 }; rows as usize];
+        let placeholder = vec![GatherRow::whole(0, 0); rows as usize];
         let plan = plan::plan_gather(src.layout(), &out.layout, &placeholder, data_base, &dst_bases, &[])?;
         if let Some(prev) = &out.last_stream {
             if **prev != *stream {

@@ -120,6 +120,10 @@ pub fn plan_gather(
                 layout.max_len()
             )));
         }
+        if row.start != 0 {
+            // The kernel's row table holds slot bases and lengths only.
+            return Err(Error::Unsupported("the device gather reads whole trajectories: rows that start inside a slot (items) are gathered on the host"));
+        }
         words.push(row.len);
         lengths.push(batch.window().resolve(row.len).steps);
     }
@@ -276,7 +280,7 @@ mod tests {
     fn plan_tables_follow_the_layout() {
         let l = layout();
         let b = BatchLayout::new(&l, &[1, 0], 2, WindowSpec::last(4)).unwrap();
-        let rows = [GatherRow { slot: 3, len: 10 }, GatherRow { slot: 1, len: 2 }];
+        let rows = [GatherRow::whole(3, 10), GatherRow::whole(1, 2)];
         let p = plan_gather(&l, &b, &rows, 1000, &[7, 9], &[None, Some(55)]).unwrap();
         let stride = l.slot_stride();
         assert_eq!(p.words[..2], [1000 + 3 * stride, 55]);
@@ -290,9 +294,9 @@ mod tests {
     fn plan_refuses_what_the_kernel_cannot_check() {
         let l = layout();
         let b = BatchLayout::new(&l, &[0], 1, WindowSpec::first(3)).unwrap();
-        let bad_slot = plan_gather(&l, &b, &[GatherRow { slot: 4, len: 1 }], 0, &[0], &[]);
+        let bad_slot = plan_gather(&l, &b, &[GatherRow::whole(4, 1)], 0, &[0], &[]);
         assert!(matches!(bad_slot, Err(Error::SlotOutOfRange { .. })));
-        let too_long = plan_gather(&l, &b, &[GatherRow { slot: 0, len: 11 }], 0, &[0], &[]).unwrap_err();
+        let too_long = plan_gather(&l, &b, &[GatherRow::whole(0, 11)], 0, &[0], &[]).unwrap_err();
         assert!(too_long.to_string().contains("exceeds"), "{too_long}");
         let wrong_rows = plan_gather(&l, &b, &[], 0, &[0], &[]).unwrap_err();
         assert!(wrong_rows.to_string().contains("1 rows"), "{wrong_rows}");
@@ -334,7 +338,7 @@ mod tests {
             let cols: Vec<usize> = (0..l.columns()).collect();
             let batch = BatchLayout::new(&l, &cols, 32, WindowSpec::last(t - 4)).unwrap();
             let rows: Vec<GatherRow> =
-                (0..32).map(|r| GatherRow { slot: (r * 7 % 64) as u32, len: t - (r % 3) as u64 }).collect();
+                (0..32).map(|r| GatherRow::whole((r * 7 % 64) as u32, t - (r % 3) as u64)).collect();
             let dst: Vec<u64> = (0..cols.len() as u64).map(|i| 0x7f00_0000_0000 + (i << 30)).collect();
             let p = plan_gather(&l, &batch, &rows, 0x7e00_0000_0000, &dst, &[]).unwrap();
             let shapes = copy_shapes(&p);

@@ -138,7 +138,7 @@ fn random_case(rng: &mut Xoshiro256) -> GatherCase {
     let nrows = rng.below(10) as usize;
     let batch = BatchLayout::new(&layout, &req, nrows, window).unwrap();
     let rows: Vec<GatherRow> =
-        (0..nrows).map(|_| GatherRow { slot: rng.below(capacity) as u32, len: rng.below(t + 1) }).collect();
+        (0..nrows).map(|_| GatherRow::whole(rng.below(capacity) as u32, rng.below(t + 1))).collect();
     let cached_slots: Vec<u32> = (0..capacity as u32).filter(|_| rng.below(3) == 0).collect();
     let grid = match rng.below(3) {
         0 => None,
@@ -203,7 +203,7 @@ fn gather_edge_windows() {
         WindowSpec::last(16),
     ];
     for window in windows {
-        for rows in [vec![], vec![GatherRow { slot: 2, len: 0 }], vec![GatherRow { slot: 1, len: 16 }; 3]] {
+        for rows in [vec![], vec![GatherRow::whole(2, 0)], vec![GatherRow::whole(1, 16); 3]] {
             let batch = BatchLayout::new(&layout, &[1, 0, 1], rows.len(), window).unwrap();
             let case = GatherCase {
                 layout: layout.clone(),

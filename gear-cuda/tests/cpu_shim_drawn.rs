@@ -282,7 +282,7 @@ fn device_draws_feed_the_gather_without_leaving_the_device() {
             if total == 0.0 {
                 // Nothing drawable: keyless rows of length 0 the host redraws.
                 assert_eq!((kw, len, p, iw), (NO_KEY, 0, 0.0, 0.0), "case {case} row {r}");
-                rows.push(GatherRow { slot: 0, len: 0 });
+                rows.push(GatherRow::whole(0, 0));
                 continue;
             }
             let key = SlotKey::from_u64(kw);
@@ -309,7 +309,7 @@ fn device_draws_feed_the_gather_without_leaving_the_device() {
             } else {
                 assert_eq!(len, u.len, "case {case} row {r}: stored length");
             }
-            rows.push(GatherRow { slot: key.slot, len });
+            rows.push(GatherRow::whole(key.slot, len));
         }
         // The gather read the drawn rows from the tables the draw filled.
         let (want_cols, want_lengths) = common::gather_reference(&layout, &data, &batch, &rows);

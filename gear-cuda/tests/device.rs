@@ -32,7 +32,7 @@ fn pinned_table(dev: &CudaDevice, spec: &TableSpec) -> TableRegion<gear_cuda::Pi
 }
 
 fn random_rows(rng: &mut Xoshiro256, n: usize, capacity: u64, max_len: u64) -> Vec<GatherRow> {
-    (0..n).map(|_| GatherRow { slot: rng.below(capacity) as u32, len: rng.below(max_len + 1) }).collect()
+    (0..n).map(|_| GatherRow::whole(rng.below(capacity) as u32, rng.below(max_len + 1))).collect()
 }
 
 fn check_batch(
@@ -118,7 +118,7 @@ fn regather_rows_copies_only_the_listed_rows() {
     }
     let which = [2usize, 7, 11];
     for &r in &which {
-        rows[r] = GatherRow { slot: ((rows[r].slot as u64 + 1) % spec.capacity()) as u32, len: 1 + rng.below(t) };
+        rows[r] = GatherRow::whole(((rows[r].slot as u64 + 1) % spec.capacity()) as u32, 1 + rng.below(t));
     }
     collector.regather_rows(&table.view(), &rows, &which, &mut batch).unwrap();
     batch.synchronize().unwrap();
@@ -154,7 +154,7 @@ fn registered_shared_region_is_read_in_place() {
     assert!(reg.device_ptr().is_some());
     let table = TableRegion::create(reg, &spec).unwrap();
     let collector = CudaCollector::new(&dev);
-    let rows = vec![GatherRow { slot: 3, len: 24 }, GatherRow { slot: 3, len: 7 }, GatherRow { slot: 0, len: 24 }];
+    let rows = vec![GatherRow::whole(3, 24), GatherRow::whole(3, 7), GatherRow::whole(0, 24)];
     let bl = BatchLayout::new(table.layout(), &[0, 2], rows.len(), WindowSpec::last(8)).unwrap();
     let mut batch = collector.alloc(&bl).unwrap();
     for round in 0..2 {
@@ -185,7 +185,7 @@ fn device_cache_serves_hot_rows_in_the_same_launch() {
     }
     assert_eq!(cache.keys(), keys[2..6].to_vec(), "FIFO keeps the 4 most recent inserts");
     let collector = CudaCollector::new(&dev).with_cache(cache.clone()).unwrap();
-    let rows: Vec<GatherRow> = [2u32, 9, 5, 5, 0, 3].iter().map(|&slot| GatherRow { slot, len: 20 }).collect();
+    let rows: Vec<GatherRow> = [2u32, 9, 5, 5, 0, 3].iter().map(|&slot| GatherRow::whole(slot, 20)).collect();
     let bl = BatchLayout::new(table.layout(), &[1, 0], rows.len(), WindowSpec::last(12)).unwrap();
     let mut batch = collector.alloc(&bl).unwrap();
     collector.gather_into(&table.view(), &rows, &mut batch).unwrap();
@@ -401,7 +401,7 @@ fn device_draws_gather_the_rows_they_name() {
                     assert_eq!(key.slot, want, "case {case}: the best slot first");
                 }
             }
-            rows.push(GatherRow { slot: key.slot, len: row.len });
+            rows.push(GatherRow::whole(key.slot, row.len));
         }
         check_batch(&batch, table.layout(), &data, &bl, &rows, &format!("case {case} {rule:?}"));
     }
