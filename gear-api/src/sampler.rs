@@ -2,10 +2,10 @@
 //! and reuses them, so steady-state sampling allocates nothing.
 
 use crate::error::{Error, Result};
-use crate::table::{ReplayTable, Selection};
+use crate::table::{Drawn, ReplayTable, Selection};
 use gear_core::{
-    BatchLayout, Collector, DType, Element, GatherRow, RandomSource, Sampled, SlotKey, TableSpec, TableView,
-    WindowSpec, Xoshiro256,
+    BatchLayout, Collector, DType, Element, GatherRow, RandomSource, SlotKey, TableSpec, TableView, WindowSpec,
+    Xoshiro256,
 };
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
@@ -144,8 +144,8 @@ pub(crate) struct Draws {
     /// When the batch being drawn must be ready (from the timeout of the
     /// call that started it); redraws of torn rows share it.
     deadline: Option<Instant>,
-    draws: Vec<(Sampled, u64)>,
-    redraws: Vec<(Sampled, u64)>,
+    draws: Vec<Drawn>,
+    redraws: Vec<Drawn>,
     rows: Vec<GatherRow>,
     torn: Vec<usize>,
     /// Rows of an adopted batch ([`Draws::adopt`]) drawn by nothing: torn
@@ -265,11 +265,12 @@ impl Draws {
         meta.probabilities.clear();
         meta.weights.clear();
         meta.starts.clear();
-        for ((s, _), row) in self.draws.iter().zip(&self.rows) {
-            meta.keys.push(s.key);
-            meta.probabilities.push(s.probability);
-            meta.weights.push(s.weight);
-            meta.starts.push(self.layout.window().resolve(row.len).src_step);
+        let window = self.layout.window();
+        for (d, row) in self.draws.iter().zip(&self.rows) {
+            meta.keys.push(d.sampled.key);
+            meta.probabilities.push(d.sampled.probability);
+            meta.weights.push(d.sampled.weight);
+            meta.starts.push(row.resolve(&window).src_step);
         }
         let bytes = copy.valid_steps() * self.step_bytes;
         table.shared.region.control().bytes_gathered.fetch_add(bytes, Ordering::Relaxed);
@@ -298,8 +299,8 @@ impl Draws {
         table.select(n, self.deadline, true, &mut self.selection, &mut self.draws)?;
         self.rows.clear();
         for r in 0..n {
-            let (s, len) = self.draws[r];
-            let row = self.row(s.key, len);
+            let d = self.draws[r];
+            let row = self.row(&d);
             self.rows.push(row);
         }
         copy.all(&self.layout, &self.rows)
@@ -308,12 +309,18 @@ impl Draws {
     fn validate<C: Collector>(&mut self, table: &ReplayTable, copy: &mut Gather<'_, C>) -> Result<()> {
         let n = self.layout.rows();
         let slots = table.shared.region.slots();
+        let items = table.shared.region.items();
         let missing = std::mem::take(&mut self.missing);
         for attempt in 1..=MAX_COPY_ATTEMPTS {
             self.torn.clear();
             self.torn.extend((0..n).filter(|&r| {
-                let key = self.draws[r].0.key;
-                (attempt == 1 && missing.binary_search(&r).is_ok()) || !slots[key.slot as usize].read_validate(key)
+                let d = &self.draws[r];
+                let key = d.sampled.key;
+                // The trajectory's generation, then the item's: a row is
+                // kept only if both are still the ones it was drawn with.
+                (attempt == 1 && missing.binary_search(&r).is_ok())
+                    || !slots[d.slot.slot as usize].read_validate(d.slot)
+                    || (key.is_item() && !items.get(key.slot as usize).is_some_and(|rec| rec.read_validate(key)))
             }));
             if self.torn.is_empty() {
                 return Ok(());
@@ -326,7 +333,7 @@ impl Draws {
             for i in 0..self.torn.len().min(self.redraws.len()) {
                 let (r, d) = (self.torn[i], self.redraws[i]);
                 self.draws[r] = d;
-                self.rows[r] = self.row(d.0.key, d.1);
+                self.rows[r] = self.row(&d);
             }
             copy.again(&self.layout, &self.rows, &self.torn)?;
         }
@@ -351,7 +358,7 @@ impl Draws {
         &mut self,
         table: &ReplayTable,
         deadline: Option<Instant>,
-        drawn: impl ExactSizeIterator<Item = Option<(Sampled, u64)>>,
+        drawn: impl ExactSizeIterator<Item = Option<(gear_core::Sampled, u64)>>,
     ) -> Result<()> {
         let n = self.layout.rows();
         if drawn.len() != n {
@@ -371,24 +378,25 @@ impl Draws {
             }
             let (s, len) = readable.unwrap_or_else(|| {
                 self.missing.push(r);
-                (Sampled { key: SlotKey { slot: 0, generation: 0 }, probability: 0.0, weight: 0.0 }, 0)
+                (gear_core::Sampled { key: SlotKey { slot: 0, generation: 0 }, probability: 0.0, weight: 0.0 }, 0)
             });
-            self.draws.push((s, len));
-            self.rows.push(GatherRow { slot: s.key.slot, len });
+            self.draws.push(Drawn::whole(s, len));
+            self.rows.push(GatherRow::whole(s.key.slot, len));
         }
         Ok(())
     }
 
-    /// The gather row of a drawn key whose trajectory has `len` published
-    /// steps: with random starts, cut at a random point so that the window
-    /// (its last `window.len` steps) starts uniformly at random.
-    fn row(&mut self, key: SlotKey, len: u64) -> GatherRow {
+    /// The gather row of a drawn row (a trajectory of `len` published
+    /// steps, or an item's window): with random starts, cut at a random
+    /// point so that the window (its last `window.len` steps) starts
+    /// uniformly at random inside it.
+    fn row(&mut self, d: &Drawn) -> GatherRow {
         let l = self.layout.window().len;
         let len = match &mut self.random_starts {
-            Some(rng) if len > l => l + rng.below(len - l + 1),
-            _ => len,
+            Some(rng) if d.len > l => l + rng.below(d.len - l + 1),
+            _ => d.len,
         };
-        GatherRow { slot: key.slot, len }
+        GatherRow { slot: d.slot.slot, start: d.start, len }
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::table::ReplayTable;
-use gear_core::{as_bytes, check_priority, DType, Element, SlotKey, TableSpec};
+use gear_core::{as_bytes, check_priority, DType, Element, ItemPattern, SlotKey, TableSpec};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -223,6 +223,10 @@ impl Writer {
                 check_priority(p)?;
             }
         }
+        let sh = &self.table.shared;
+        if sh.items_per_slot > 0 {
+            crate::table::items::check_pattern_fits(&sh.item_pattern(), steps, sh.items_per_slot)?;
+        }
         Ok(())
     }
 
@@ -280,6 +284,7 @@ impl Writer {
             written: StepCounts::zeros(columns),
             unflushed_bytes: 0,
             published: 0,
+            items: 0,
             done: false,
         })
     }
@@ -302,6 +307,8 @@ pub struct Trajectory {
     unflushed_bytes: u64,
     /// Steps published (readable by samplers): the minimum of `written`.
     published: u64,
+    /// Items added with [`Trajectory::add_item`] (the next one's record).
+    items: u32,
     done: bool,
 }
 
@@ -326,6 +333,42 @@ impl Trajectory {
     /// Whether no complete step was written yet.
     pub fn is_empty(&self) -> bool {
         self.published == 0
+    }
+
+    /// Adds an item over steps `[start, start + len)` of this trajectory,
+    /// which must already be written (in every column): the item becomes
+    /// selectable when the trajectory commits, with `priority` (`None`:
+    /// the trajectory's priority if it was begun with one, else the
+    /// sampling strategy's choice). A trajectory with items of its own
+    /// does not get the table's [`ItemPattern`]. Returns the item's key.
+    /// If the writer dies before committing, the items it added are kept
+    /// with the steps it published (they lie inside them).
+    pub fn add_item(&mut self, start: u64, len: u64, priority: Option<f64>) -> Result<SlotKey> {
+        if self.done {
+            return Err(Error::Trajectory(format!("trajectory {} already ended", self.key)));
+        }
+        let key = crate::table::items::add_pending_item(
+            &self.table,
+            self.key,
+            self.items,
+            start,
+            len,
+            self.published,
+            priority,
+        )?;
+        self.items += 1;
+        Ok(key)
+    }
+
+    /// [`Trajectory::add_item`] of each window `pattern` gives the steps
+    /// written so far (for example at the end of an episode), each with
+    /// `priority`. Returns the items' keys; on an error, those added
+    /// before it stay.
+    pub fn add_items(&mut self, pattern: ItemPattern, priority: Option<f64>) -> Result<Vec<SlotKey>> {
+        pattern.validate()?;
+        let room = self.table.shared.items_per_slot.saturating_sub(self.items);
+        crate::table::items::check_pattern_fits(&pattern, self.published, room)?;
+        pattern.windows(self.published).map(|(start, len)| self.add_item(start, len, priority)).collect()
     }
 
     /// Appends one step of every column, in spec order. All columns are
@@ -416,6 +459,12 @@ impl Trajectory {
         }
         if self.published == 0 {
             return Err(Error::Trajectory("an empty trajectory cannot be committed".into()));
+        }
+        let sh = &self.table.shared;
+        if sh.items_per_slot > 0 && self.items == 0 {
+            // Checked before the commit, so a trajectory the table's
+            // pattern cannot cover stays open instead of being lost.
+            crate::table::items::check_pattern_fits(&sh.item_pattern(), self.published, sh.items_per_slot)?;
         }
         // Whatever commit_slot returns, the slot is no longer ours: on error
         // it has already been given back.

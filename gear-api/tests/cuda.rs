@@ -131,7 +131,7 @@ fn check_last_batch(
     assert_eq!(batch.rows(), layout.rows(), "{what}");
     assert_eq!(batch.probabilities().len(), layout.rows(), "{what}");
     assert_eq!(batch.weights().len(), layout.rows(), "{what}");
-    let rows: Vec<GatherRow> = batch.keys().iter().map(|k| GatherRow { slot: k.slot, len: lens[k] }).collect();
+    let rows: Vec<GatherRow> = batch.keys().iter().map(|k| GatherRow::whole(k.slot, lens[k])).collect();
     let cpu = gear_cpu::CpuCollector::with_threads(1);
     let mut reference = cpu.alloc_batch(&layout).unwrap();
     cpu.gather(&sampler.table_view(), &rows, &layout, &mut reference).unwrap();

@@ -195,7 +195,7 @@ mod tests {
         let sampled_before = sh.region.slots()[keys[0].slot as usize].meta(keys[0].slot).times_sampled;
         draws.adopt(&table, None, rows.into_iter()).unwrap();
         let gather_rows: Vec<GatherRow> =
-            [keys[0], keys[0], keys[1], keys[0], keys[0]].iter().map(|k| GatherRow { slot: k.slot, len: 3 }).collect();
+            [keys[0], keys[0], keys[1], keys[0], keys[0]].iter().map(|k| GatherRow::whole(k.slot, 3)).collect();
         sh.collector.gather(&sh.region.view(), &gather_rows, &draws.layout, &mut batch).unwrap();
         // Evicting the oldest (keys[0]) through a new insert tears rows 0 and 4.
         let newest = write(9);

@@ -5,7 +5,7 @@ use super::shared::Shared;
 use super::{PoolConfig, ReplayTable};
 use crate::error::{Error, Result};
 use crate::limiter::RateLimiterConfig;
-use gear_core::{MemoryRegion, Selector, TableRegion, TableSpec};
+use gear_core::{ItemPattern, MemoryRegion, Selector, TableRegion, TableSpec};
 use gear_cpu::sync::{token_alive, ProcessLease};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::fs::File;
@@ -25,8 +25,15 @@ pub(super) mod policy {
     pub const BETA: usize = 8;
     pub const FLAGS: usize = 9;
     pub const SEED: usize = 10;
+    /// The default item pattern (`table::items::pattern_code`) and its
+    /// two parameters.
+    pub const ITEM_PATTERN: usize = 11;
+    pub const ITEM_A: usize = 12;
+    pub const ITEM_B: usize = 13;
     pub const FLAG_SAMPLE_WHILE_WRITING: u64 = 1;
     pub const FLAG_UNSTRATIFIED: u64 = 2;
+    /// `ItemPattern::Windows` with its tail window.
+    pub const FLAG_ITEM_TAIL: u64 = 4;
 }
 
 /// A strategy as the builder received it: a built-in kind other processes
@@ -56,6 +63,7 @@ pub struct TableBuilder {
     pub(super) sample_while_writing: bool,
     pub(super) seed: u64,
     pub(super) collector_threads: Option<usize>,
+    pub(super) item_pattern: ItemPattern,
 }
 
 impl TableBuilder {
@@ -147,6 +155,19 @@ impl TableBuilder {
         self
     }
 
+    /// The items a trajectory gets when it commits without items of its
+    /// own (none added with [`Trajectory::add_item`](crate::Trajectory::add_item)):
+    /// for a table whose spec has items per trajectory
+    /// ([`TableSpec::with_items_per_trajectory`]). Default
+    /// [`ItemPattern::Whole`], one item per trajectory, so inserted
+    /// transitions are sampled as items one for one. Applies to every
+    /// writer of the table (other processes, remote inserts, a dead
+    /// writer's reclaimed steps).
+    pub fn item_pattern(mut self, pattern: ItemPattern) -> Self {
+        self.item_pattern = pattern;
+        self
+    }
+
     /// Seed of the table's random streams (default 0; each process mixes
     /// in its own id).
     pub fn seed(mut self, seed: u64) -> Self {
@@ -192,7 +213,21 @@ impl TableBuilder {
         if self.max_times_sampled == Some(0) {
             return Err(Error::Config("max_times_sampled must be at least 1".into()));
         }
-        if limiter.min_size_to_sample > capacity {
+        if self.spec.has_items() {
+            self.item_pattern.validate()?;
+            if self.sample_while_writing {
+                return Err(Error::Config(
+                    "a table with items cannot sample while writing: items become selectable when their \
+                     trajectory commits"
+                        .into(),
+                ));
+            }
+        } else if self.item_pattern != ItemPattern::default() {
+            return Err(Error::Config(
+                "an item pattern needs a spec with items per trajectory (TableSpec::with_items_per_trajectory)".into(),
+            ));
+        }
+        if limiter.min_size_to_sample > capacity.max(self.spec.item_capacity()) {
             return Err(Error::Config(format!(
                 "min_size_to_sample {} is above the capacity of {capacity} trajectories: nothing could ever be sampled",
                 limiter.min_size_to_sample
@@ -247,6 +282,13 @@ impl TableBuilder {
         if !self.params.stratified {
             flags |= policy::FLAG_UNSTRATIFIED;
         }
+        let (code, a, b, tail) = super::items::pattern_words(&self.item_pattern);
+        if tail {
+            flags |= policy::FLAG_ITEM_TAIL;
+        }
+        p[policy::ITEM_PATTERN].store(code, Ordering::Relaxed);
+        p[policy::ITEM_A].store(a, Ordering::Relaxed);
+        p[policy::ITEM_B].store(b, Ordering::Relaxed);
         p[policy::FLAGS].store(flags, Ordering::Relaxed);
         p[policy::SEED].store(self.seed, Ordering::Relaxed);
         let code = |choice: StrategyChoice, word: usize| -> Result<Box<dyn Selector>> {

@@ -52,7 +52,9 @@ impl ReplayTable {
     /// after the device copied them).
     pub(crate) fn device_rule(&self) -> Option<SelectionRule> {
         let sh = &*self.shared;
-        if sh.max_times_sampled.is_some() || sh.sample_while_writing {
+        // The device mirror holds slots; a table with items selects on the
+        // host.
+        if sh.max_times_sampled.is_some() || sh.sample_while_writing || sh.items_per_slot > 0 {
             return None;
         }
         sh.local.read().sampler.selection_rule()

@@ -117,6 +117,18 @@ impl ReplayTable {
         let Some(victim) = scratch.first().map(|s| s.key) else {
             return Err(strategy_error(remover.name(), "drew no row to evict from a non-empty strategy"));
         };
+        if self.shared.items_per_slot > 0 {
+            // The remover holds trajectories, the sampler their items: the
+            // trajectory and its items go in this one hold of the lock.
+            if l.local.in_remover.get(victim.slot as usize) != Some(&Some(victim)) {
+                return Err(not_stored(l.local.remover.name(), victim));
+            }
+            l.record(Change { key: victim, op: LogOp::Remove, target: target::REMOVER, priority: 0.0 })?;
+            l.remove_items_of(victim.slot)?;
+            self.shared.region.slot(victim.slot)?.free(victim)?;
+            add(&self.shared.region.control().evictions, 1);
+            return Ok(Some(victim.slot));
+        }
         let Some(&held) = l.local.in_sampler.get(victim.slot as usize) else {
             return Err(not_stored(l.local.remover.name(), victim));
         };
@@ -184,7 +196,10 @@ impl ReplayTable {
                 return Err(e);
             }
         };
-        let result = if self.shared.sample_while_writing {
+        let result = if self.shared.items_per_slot > 0 {
+            sub(&l.ctl().pending_inserts, keys.len() as u64);
+            self.commit_items_batch_locked(&mut l, keys, priorities)
+        } else if self.shared.sample_while_writing {
             // Rows may already be in the sampler: one at a time.
             let mut result = Ok(());
             for (i, &key) in keys.iter().enumerate() {
@@ -251,7 +266,7 @@ impl ReplayTable {
         }
         let recorded = std::mem::take(&mut l.local.recorded);
         let recorded_in = &recorded[..inserted.min(recorded.len())];
-        l.append_inserts(&keys_in[..recorded_in.len()], recorded_in);
+        l.append_inserts(&keys_in[..recorded_in.len()], recorded_in, target::BOTH);
         for (i, (&key, &p)) in keys_in.iter().zip(recorded_in).enumerate() {
             // `begin_write` stored the priority the writer gave (0 when
             // none); the strategy's choice replaces it.
@@ -279,6 +294,9 @@ impl ReplayTable {
         let ctl = self.shared.region.control();
         let rec = self.shared.region.slot(key.slot)?;
         sub(&ctl.pending_inserts, 1);
+        if self.shared.items_per_slot > 0 {
+            return self.commit_items_locked(l, key, priority);
+        }
         let in_sampler = l.local.in_sampler[key.slot as usize] == Some(key);
         let inserted = rec.commit(key).map_err(Error::from).and_then(|()| {
             if in_sampler {

@@ -44,6 +44,9 @@
 // * `select`: the sampler's side (admission, draws, checks, retirement);
 // * `device` (feature `cuda`): admission of device draws and the slots a
 //   device mirror must rewrite, from the change log.
+// * `items`: items over stored trajectories (commit, eviction, reclaim and
+//   additions of items; the sampler's keys are items', the remover's
+//   trajectories').
 // * `checkpoint`: writing a table to a file and restoring it.
 mod attach;
 mod builder;
@@ -52,6 +55,7 @@ pub mod checkpoint;
 mod device;
 mod export;
 mod insert;
+pub(crate) mod items;
 pub mod ranges;
 mod select;
 mod shared;
@@ -63,7 +67,8 @@ pub use checkpoint::{latest_checkpoint, CheckpointReport};
 #[cfg(feature = "cuda")]
 pub(crate) use device::{DeviceCursor, DeviceSlot};
 pub use export::CommittedTrajectory;
-pub(crate) use select::Selection;
+pub use items::{NewItem, StoredItem};
+pub(crate) use select::{Drawn, Selection};
 
 use crate::error::Result;
 use crate::limiter::RateLimiterConfig;
@@ -94,20 +99,23 @@ pub enum PoolConfig {
     },
 }
 
-/// A snapshot of a table's counters.
+/// A snapshot of a table's counters. In a table with items the rows are
+/// items: `size`, `inserts`, `samples` and `retired` count items (the rate
+/// limiter's units), while `evictions`, `reclaimed` and `slots` count
+/// trajectories.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TableInfo {
-    /// Trajectories that can be sampled.
+    /// Trajectories (items) that can be sampled.
     pub size: u64,
     /// Slots.
     pub capacity: u64,
-    /// Trajectories committed since creation.
+    /// Trajectories (items) committed since creation.
     pub inserts: u64,
     /// Rows sampled since creation.
     pub samples: u64,
     /// Trajectories evicted to make room.
     pub evictions: u64,
-    /// Trajectories removed after reaching `max_times_sampled`.
+    /// Trajectories (items) removed after reaching `max_times_sampled`.
     pub retired: u64,
     /// Trajectories of dead writers reclaimed.
     pub reclaimed: u64,
@@ -166,6 +174,7 @@ impl ReplayTable {
             sample_while_writing: false,
             seed: 0,
             collector_threads: None,
+            item_pattern: gear_core::ItemPattern::default(),
         }
     }
 
@@ -278,12 +287,37 @@ impl ReplayTable {
     /// Every priority is checked first: one bad value refuses the whole
     /// batch and changes nothing. Duplicate keys: the last one wins.
     /// Returns how many updates were applied.
+    ///
+    /// In a table with items, an item's key (as sampled rows carry them)
+    /// sets the item's priority; a trajectory's key sets the priority its
+    /// remover sees (eviction by priority). Keys of removed items are
+    /// stale like keys of evicted trajectories.
     pub fn update_priorities(&self, updates: &[(SlotKey, f64)]) -> Result<usize> {
         for &(_, p) in updates {
             check_priority(p)?;
         }
         let mut l = self.shared.lock(None)?;
         let mut applied = 0;
+        if self.shared.items_per_slot > 0 {
+            for &(key, p) in updates {
+                let (held, target) = if key.is_item() {
+                    (&l.local.in_sampler, target::SAMPLER)
+                } else {
+                    (&l.local.in_remover, target::REMOVER)
+                };
+                if held.get(key.slot as usize) != Some(&Some(key)) {
+                    continue;
+                }
+                l.record(Change { key, op: LogOp::Update, target, priority: p })?;
+                if key.is_item() {
+                    self.shared.region.items()[key.slot as usize].set_priority(key, p);
+                } else {
+                    self.shared.region.slots()[key.slot as usize].set_priority(key, p);
+                }
+                applied += 1;
+            }
+            return Ok(applied);
+        }
         for &(key, p) in updates {
             let Some(slot) = l.local.in_sampler.get(key.slot as usize) else { continue };
             let in_remover = l.local.in_remover[key.slot as usize] == Some(key);

@@ -6,8 +6,11 @@
 //! (`gear_core::slot`): copy the window bytes first, then read the 8-byte
 //! word at [`RowRanges::generation_offset`] (the slot record's
 //! `generation << 32 | state`, native-endian) and keep the row only if
-//! [`generation_of`] gives the key's generation; otherwise the slot was
-//! reused during the copy and the row is drawn again.
+//! [`generation_of`] gives [`RowRanges::generation`] (the key's, or for an
+//! item, its trajectory's); otherwise the slot was reused during the copy
+//! and the row is drawn again. An item's window never changes while its
+//! trajectory stays, so its trajectory's generation is all a remote reader
+//! checks.
 //!
 //! Offsets are from the first byte of the region ([`ReplayTable::memory`]),
 //! which holds the header, the slot records and the data area.
@@ -26,8 +29,11 @@ use crate::sampler::MAX_BATCH_ROWS;
 /// reports them, and where its bytes are in the region.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowRanges {
-    /// The drawn trajectory.
+    /// The drawn trajectory (or item).
     pub key: SlotKey,
+    /// The generation the slot's generation word must still hold after the
+    /// copy: the key's, or for an item its trajectory's.
+    pub generation: u32,
     /// The probability it was drawn with.
     pub probability: f64,
     /// Its importance-sampling weight.
@@ -115,11 +121,14 @@ impl ReplayTable {
         Ok(region.region_layout().slots_offset + u64::from(slot) * std::mem::size_of::<gear_core::SlotRecord>() as u64)
     }
 
-    /// The region bytes of `window` over a trajectory of `len` published
-    /// steps in `slot`, per column of `columns` (indices into the spec).
+    /// The region bytes of `window` over the steps `[start, start + len)`
+    /// of `slot` (a trajectory of `len` published steps with `start` 0, or
+    /// an item's window), per column of `columns` (indices into the spec).
+    /// The resolved window's `src_step` counts from the slot's first step.
     pub fn window_ranges(
         &self,
         slot: u32,
+        start: u64,
         len: u64,
         window: &WindowSpec,
         columns: &[usize],
@@ -127,7 +136,9 @@ impl ReplayTable {
         let region = &self.shared.region;
         let layout = region.layout();
         layout.check_slot(u64::from(slot))?;
-        let w = window.resolve(len.min(layout.max_len()));
+        let row = gear_core::GatherRow { slot, start, len };
+        row.check_len(0, layout.max_len())?;
+        let w = row.resolve(window);
         let data = region.region_layout().data_offset;
         let mut out = Vec::with_capacity(columns.len());
         for &c in columns {
@@ -172,15 +183,16 @@ impl ReplayTable {
         self.retire(&selection.retiring);
         drawn
             .iter()
-            .map(|(s, len)| {
-                let (window, columns) = self.window_ranges(s.key.slot, *len, &window, columns)?;
+            .map(|d| {
+                let (window, columns) = self.window_ranges(d.slot.slot, d.start, d.len, &window, columns)?;
                 Ok(RowRanges {
-                    key: s.key,
-                    probability: s.probability,
-                    weight: s.weight,
+                    key: d.sampled.key,
+                    generation: d.slot.generation,
+                    probability: d.sampled.probability,
+                    weight: d.sampled.weight,
                     window,
                     columns,
-                    generation_offset: self.generation_offset(s.key.slot)?,
+                    generation_offset: self.generation_offset(d.slot.slot)?,
                 })
             })
             .collect()

@@ -6,7 +6,7 @@
 use super::shared::{add, process_salt, sub, Locked, Shared};
 use super::ReplayTable;
 use crate::error::{Error, Result};
-use gear_core::{target, Change, LogOp, Sampled, SlotKey, SlotRecord, Xoshiro256};
+use gear_core::{target, Change, ItemState, LogOp, Sampled, SlotKey, Xoshiro256};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -14,6 +14,28 @@ use std::time::Instant;
 /// record, before [`ReplayTable::select`] gives up on a strategy that keeps
 /// returning keys the table does not hold.
 pub(super) const STALE_DRAW_ATTEMPTS: usize = 8;
+
+/// One drawn row: the draw, and the steps it reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Drawn {
+    /// The draw (its key is an item's in a table with items).
+    pub(crate) sampled: Sampled,
+    /// The trajectory whose bytes the row reads (the drawn key itself in a
+    /// table without items), validated after the copy.
+    pub(crate) slot: SlotKey,
+    /// First step of the row's sequence: 0, or the item's start.
+    pub(crate) start: u64,
+    /// Steps of the sequence: the trajectory's published length, or the
+    /// item's length.
+    pub(crate) len: u64,
+}
+
+impl Drawn {
+    /// A drawn trajectory of `len` published steps.
+    pub(crate) fn whole(sampled: Sampled, len: u64) -> Self {
+        Drawn { sampled, slot: sampled.key, start: 0, len }
+    }
+}
 
 /// What one sampler brings to [`ReplayTable::select`]: its own random
 /// stream (so samplers on several threads draw independently, and a seeded
@@ -29,6 +51,8 @@ pub(crate) struct Selection {
     pub(super) stale: Vec<SlotKey>,
     /// Rows taken out by `max_times_sampled`, to be freed after the copy.
     pub(crate) retiring: Vec<SlotKey>,
+    /// Items that reached `max_times_sampled` in the batch being drawn.
+    retiring_items: Vec<SlotKey>,
 }
 
 impl ReplayTable {
@@ -51,6 +75,7 @@ impl ReplayTable {
             drawn: Vec::new(),
             stale: Vec::new(),
             retiring: Vec::new(),
+            retiring_items: Vec::new(),
         }
     }
 
@@ -110,7 +135,7 @@ impl ReplayTable {
         deadline: Option<Instant>,
         count_against_limiter: bool,
         sel: &mut Selection,
-        out: &mut Vec<(Sampled, u64)>,
+        out: &mut Vec<Drawn>,
     ) -> Result<()> {
         let sh = &*self.shared;
         if sh.shared_draws && sh.max_times_sampled.is_none() {
@@ -119,19 +144,39 @@ impl ReplayTable {
         let mut l = self.admit(sh.lock(deadline)?, n, deadline, count_against_limiter)?;
         sel.drawn.clear();
         l.local.sampler.sample(n, &mut sel.rng, &mut sel.drawn)?;
-        check_drawn(l.local.sampler.name(), n, &sel.drawn, sh.region.spec().capacity())?;
+        check_drawn(l.local.sampler.name(), n, &sel.drawn, sh.selectable())?;
         let ctl = sh.region.control();
-        let retiring = &mut sel.retiring;
-        read_drawn(sh, &sel.drawn, out, &mut sel.stale, |key, rec, times| {
-            if let Some(max) = sh.max_times_sampled {
-                if times >= max && !retiring.contains(&key) && rec.retire(key, u64::from(sh.lease.token())).is_ok() {
-                    l.record(Change { key, op: LogOp::Remove, target: target::BOTH, priority: 0.0 })?;
-                    sub(&ctl.size, 1);
-                    retiring.push(key);
+        let (retiring, retiring_items) = (&mut sel.retiring, &mut sel.retiring_items);
+        retiring_items.clear();
+        read_drawn(sh, &sel.drawn, out, &mut sel.stale, |key, times| {
+            let Some(max) = sh.max_times_sampled else { return Ok(()) };
+            if times < max {
+                return Ok(());
+            }
+            if key.is_item() {
+                // Taken out after every row of the batch was read: a batch
+                // that drew the item twice reads it twice.
+                if !retiring_items.contains(&key) {
+                    retiring_items.push(key);
                 }
+            } else if !retiring.contains(&key)
+                && sh.region.slots()[key.slot as usize].retire(key, u64::from(sh.lease.token())).is_ok()
+            {
+                l.record(Change { key, op: LogOp::Remove, target: target::BOTH, priority: 0.0 })?;
+                sub(&ctl.size, 1);
+                retiring.push(key);
             }
             Ok(())
         })?;
+        for &key in &sel.retiring_items {
+            // An item's bytes are its trajectory's, which stays: the item
+            // leaves the sampler now and its record is free for another.
+            if sh.region.items()[key.slot as usize].transition(key, ItemState::Live, ItemState::Free) {
+                l.record(Change { key, op: LogOp::Remove, target: target::SAMPLER, priority: 0.0 })?;
+                sub(&ctl.size, 1);
+                add(&ctl.retired, 1);
+            }
+        }
         if let Some(&key) = sel.stale.first() {
             // Under the lock the strategy's rows are the table's: this one
             // returned a key it does not hold.
@@ -156,13 +201,13 @@ impl ReplayTable {
         deadline: Option<Instant>,
         count_against_limiter: bool,
         sel: &mut Selection,
-        out: &mut Vec<(Sampled, u64)>,
+        out: &mut Vec<Drawn>,
     ) -> Result<()> {
         let sh = &*self.shared;
         let (mut want, mut count) = (n, count_against_limiter);
         for _ in 0..STALE_DRAW_ATTEMPTS {
             self.draw_shared(want, deadline, count, sel)?;
-            read_drawn(sh, &sel.drawn, out, &mut sel.stale, |_, _, _| Ok(()))?;
+            read_drawn(sh, &sel.drawn, out, &mut sel.stale, |_, _| Ok(()))?;
             if sel.stale.is_empty() {
                 return Ok(());
             }
@@ -215,7 +260,7 @@ impl ReplayTable {
                 )))
             })
             .map_err(Error::from)
-            .and_then(|()| check_drawn(local.sampler.name(), n, &sel.drawn, sh.region.spec().capacity()));
+            .and_then(|()| check_drawn(local.sampler.name(), n, &sel.drawn, sh.selectable()));
         drop(local);
         if let Err(e) = drawn {
             if count {
@@ -248,26 +293,30 @@ impl ReplayTable {
     }
 }
 
-/// Reads the slot record of every drawn row: appends the draw and the
-/// row's published length to `out`, counts the sample on the slot, and
-/// calls `taken` with the key, the record and the slot's count of samples
-/// so far. Rows evicted since the draw are listed in `stale` instead.
+/// Reads the record of every drawn row: appends the draw and the steps it
+/// reads to `out`, counts the sample on the slot (on the item, in a table
+/// with items), and calls `taken` with the key and its count of samples so
+/// far. Rows evicted since the draw (items whose trajectory was, or whose
+/// record names no steps of it) are listed in `stale` instead.
 fn read_drawn(
     sh: &Shared,
     drawn: &[Sampled],
-    out: &mut Vec<(Sampled, u64)>,
+    out: &mut Vec<Drawn>,
     stale: &mut Vec<SlotKey>,
-    mut taken: impl FnMut(SlotKey, &SlotRecord, u64) -> Result<()>,
+    mut taken: impl FnMut(SlotKey, u64) -> Result<()>,
 ) -> Result<()> {
     prefetch_records(sh, drawn);
     stale.clear();
+    if sh.items_per_slot > 0 {
+        return read_drawn_items(sh, drawn, out, stale, taken);
+    }
     for s in drawn {
         let rec = &sh.region.slots()[s.key.slot as usize];
         match rec.read_begin(s.key) {
             Some(len) => {
-                out.push((*s, len));
+                out.push(Drawn::whole(*s, len));
                 let times = rec.add_sampled();
-                taken(s.key, rec, times)?;
+                taken(s.key, times)?;
             }
             None => stale.push(s.key),
         }
@@ -275,9 +324,52 @@ fn read_drawn(
     Ok(())
 }
 
-/// Starts loading every drawn row's slot record, so that the misses
-/// overlap instead of following one another.
+/// [`read_drawn`] in a table with items: each item's record read with its
+/// seqlock, then its trajectory's slot record; the window must lie inside
+/// the trajectory's published steps (a record can hold anything another
+/// process wrote; its slot is its index's, never a stored field).
+fn read_drawn_items(
+    sh: &Shared,
+    drawn: &[Sampled],
+    out: &mut Vec<Drawn>,
+    stale: &mut Vec<SlotKey>,
+    mut taken: impl FnMut(SlotKey, u64) -> Result<()>,
+) -> Result<()> {
+    let items = sh.region.items();
+    let per_slot = sh.items_per_slot;
+    for s in drawn {
+        let key = s.key;
+        let read = key.is_item().then(|| items.get(key.slot as usize)).flatten().and_then(|rec| {
+            let w = rec.read(key)?;
+            let slot = SlotKey { slot: key.slot / per_slot, generation: w.slot_generation };
+            let published = sh.region.slots()[slot.slot as usize].read_begin(slot)?;
+            (w.len > 0 && w.start.checked_add(w.len).is_some_and(|end| end <= published))
+                .then_some((rec, Drawn { sampled: *s, slot, start: w.start, len: w.len }))
+        });
+        match read {
+            Some((rec, row)) => {
+                out.push(row);
+                let times = rec.add_sampled();
+                taken(key, times)?;
+            }
+            None => stale.push(key),
+        }
+    }
+    Ok(())
+}
+
+/// Starts loading every drawn row's record, so that the misses overlap
+/// instead of following one another.
 pub(super) fn prefetch_records(sh: &Shared, drawn: &[Sampled]) {
+    if sh.items_per_slot > 0 {
+        let items = sh.region.items();
+        for s in drawn {
+            if let Some(rec) = items.get(s.key.slot as usize) {
+                gear_core::hint::prefetch(rec);
+            }
+        }
+        return;
+    }
     let slots = sh.region.slots();
     for s in drawn {
         if let Some(rec) = slots.get(s.key.slot as usize) {
@@ -292,13 +384,25 @@ pub(super) fn strategy_error(strategy: &str, what: &str) -> Error {
     Error::Core(gear_core::Error::Selection(format!("strategy `{strategy}` {what}")))
 }
 
+impl Shared {
+    /// How many keys the sampling strategy can hold, and what they are:
+    /// slots, or items in a table with items.
+    pub(super) fn selectable(&self) -> (u64, &'static str) {
+        if self.items_per_slot > 0 {
+            (self.region.spec().item_capacity(), "items")
+        } else {
+            (self.region.spec().capacity(), "slots")
+        }
+    }
+}
+
 /// Checks what a strategy drew: `n` rows, every slot inside the table.
-pub(super) fn check_drawn(strategy: &str, n: usize, drawn: &[Sampled], capacity: u64) -> Result<()> {
+pub(super) fn check_drawn(strategy: &str, n: usize, drawn: &[Sampled], (capacity, what): (u64, &str)) -> Result<()> {
     if drawn.len() != n {
         return Err(strategy_error(strategy, &format!("drew {} rows when asked for {n}", drawn.len())));
     }
     match drawn.iter().find(|s| u64::from(s.key.slot) >= capacity) {
-        Some(s) => Err(strategy_error(strategy, &format!("returned key {} beyond the {capacity} slots", s.key))),
+        Some(s) => Err(strategy_error(strategy, &format!("returned key {} beyond the {capacity} {what}", s.key))),
         None => Ok(()),
     }
 }

@@ -8,7 +8,8 @@ use super::ReplayTable;
 use crate::error::{Error, Result};
 use crate::limiter::{RateLimiter, RateLimiterConfig};
 use gear_core::{
-    target, Change, ControlBlock, LogOp, MemoryRegion, Sampled, Selector, SlotKey, SlotState, TableRegion, Xoshiro256,
+    check_priority, item_index, target, Change, ControlBlock, ItemPattern, ItemState, LogOp, MemoryRegion, Sampled,
+    Selector, SlotKey, SlotState, TableRegion, Xoshiro256,
 };
 use gear_cpu::sync::{futex_wait, futex_wake_all, LockState, ProcessLease, TableLock, TableLockGuard};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -31,7 +32,9 @@ pub(super) const REAP_SLICE: u64 = 8192;
 pub(super) struct Local {
     pub(super) sampler: Box<dyn Selector>,
     pub(super) remover: Box<dyn Selector>,
-    /// The key each mirror holds per slot (for rebuilds and idempotence).
+    /// The key each mirror holds per slot (for rebuilds and idempotence);
+    /// in a table with items, the sampler's keys are items' and
+    /// `in_sampler` is indexed by item.
     pub(super) in_sampler: Vec<Option<SlotKey>>,
     pub(super) in_remover: Vec<Option<SlotKey>>,
     /// Log entries applied so far.
@@ -45,6 +48,9 @@ pub(super) struct Local {
     /// being committed (kept to reuse their allocations).
     pub(super) recorded: Vec<f64>,
     pub(super) recorded_remover: Vec<f64>,
+    /// Item keys and priorities of a batch being committed (reused).
+    pub(super) item_keys: Vec<SlotKey>,
+    pub(super) item_priorities: Vec<f64>,
 }
 
 impl Local {
@@ -81,6 +87,10 @@ pub(crate) struct Shared {
     pub(super) creator: bool,
     pub(super) max_times_sampled: Option<u64>,
     pub(super) sample_while_writing: bool,
+    /// Item records per slot (0: the rows are whole trajectories).
+    pub(crate) items_per_slot: u32,
+    /// The items a trajectory committed without items of its own gets.
+    pub(super) item_pattern: ItemPattern,
     /// Milliseconds since `epoch_start` of this process's last full reap
     /// scan, and of its last background slice.
     pub(super) last_reap_ms: AtomicU64,
@@ -117,7 +127,12 @@ impl Shared {
         let Opened { region, lease, backing, creator } = opened;
         let capacity = region.spec().capacity();
         let limiter_config = read_limiter(region.control())?;
-        sampler.prepare(capacity)?;
+        let item_pattern = super::items::read_pattern(region.control())?;
+        let items_per_slot = region.spec().items_per_trajectory() as u32;
+        // The sampler draws items where the table has them; the remover
+        // always evicts whole trajectories.
+        let selectable = if items_per_slot > 0 { region.spec().item_capacity() } else { capacity };
+        sampler.prepare(selectable)?;
         remover.prepare(capacity)?;
         // A draw of zero rows answers whether the strategy draws through a
         // shared reference at all (the trait asks it to answer alike for
@@ -128,7 +143,7 @@ impl Shared {
         let local = Local {
             sampler,
             remover,
-            in_sampler: vec![None; capacity as usize],
+            in_sampler: vec![None; selectable as usize],
             in_remover: vec![None; capacity as usize],
             applied: 0,
             rebuild_epoch: 0,
@@ -136,6 +151,8 @@ impl Shared {
             scratch: Vec::new(),
             recorded: Vec::new(),
             recorded_remover: Vec::new(),
+            item_keys: Vec::new(),
+            item_priorities: Vec::new(),
         };
         let collector = match collector_threads {
             Some(n) => gear_cpu::CpuCollector::with_threads(n),
@@ -156,6 +173,8 @@ impl Shared {
             creator,
             max_times_sampled: (max > 0).then_some(max),
             sample_while_writing: flags & policy::FLAG_SAMPLE_WHILE_WRITING != 0,
+            items_per_slot,
+            item_pattern,
             last_reap_ms: AtomicU64::new(0),
             last_slice_ms: AtomicU64::new(0),
             reap_cursor: AtomicU64::new(0),
@@ -394,17 +413,17 @@ impl<'a> Locked<'a> {
         self.local.applied = seq.wrapping_add(1);
     }
 
-    /// [`Locked::append_log`] of an `Insert` into both strategies for each
-    /// of `keys`, with `priorities[i]`: the ring position is found once
-    /// for the batch, not by a division per entry.
-    pub(super) fn append_inserts(&mut self, keys: &[SlotKey], priorities: &[f64]) {
+    /// [`Locked::append_log`] of an `Insert` into the strategies of
+    /// `target` for each of `keys`, with `priorities[i]`: the ring position
+    /// is found once for the batch, not by a division per entry.
+    pub(super) fn append_inserts(&mut self, keys: &[SlotKey], priorities: &[f64], target: u8) {
         let ctl = self.sh.region.control();
         let log = self.sh.region.log();
         let mut seq = ctl.log_head.load(Ordering::Relaxed);
         let Some(mut at) = seq.checked_rem(log.len() as u64) else { return };
         for (&key, &priority) in keys.iter().zip(priorities) {
             if let Some(entry) = log.get(at as usize) {
-                entry.store(seq, Change { key, op: LogOp::Insert, target: target::BOTH, priority });
+                entry.store(seq, Change { key, op: LogOp::Insert, target, priority });
             }
             seq = seq.wrapping_add(1);
             at += 1;
@@ -476,9 +495,26 @@ impl<'a> Locked<'a> {
             })
             .collect();
         members.sort_by_key(|m| m.insert_seq);
+        let per_slot = sh.items_per_slot;
         for m in members {
             let slot = m.key.slot as usize;
-            if l.sampler.insert(m.key, Some(m.priority)).is_ok() {
+            if per_slot > 0 {
+                // Items in the order of their trajectories' inserts, then
+                // of their index; only those that name this trajectory's
+                // published steps (anything else in a record is stale or
+                // garbage).
+                for (j, rec) in sh.region.items_of(m.key.slot).iter().enumerate() {
+                    let index = item_index(m.key.slot, j as u32, per_slot);
+                    let item = rec.meta(index);
+                    if item.state == ItemState::Live
+                        && item.belongs_to(m.key, m.len)
+                        && check_priority(item.priority).is_ok()
+                        && l.sampler.insert(item.key, Some(item.priority)).is_ok()
+                    {
+                        l.in_sampler[index as usize] = Some(item.key);
+                    }
+                }
+            } else if l.sampler.insert(m.key, Some(m.priority)).is_ok() {
                 l.in_sampler[slot] = Some(m.key);
             }
             if m.state == SlotState::Committed && l.remover.insert(m.key, Some(m.priority)).is_ok() {
@@ -504,6 +540,7 @@ impl<'a> Locked<'a> {
                     sh.region.free_list()[free as usize].store(s as u32, Ordering::Relaxed);
                     free += 1;
                 }
+                SlotState::Committed if sh.items_per_slot > 0 => size += sh.live_items(m.key, m.len),
                 SlotState::Committed => size += 1,
                 SlotState::Writing => {
                     pending += 1;
@@ -608,6 +645,9 @@ impl<'a> Locked<'a> {
         let ctl = self.sh.region.control();
         sub(&ctl.pending_inserts, 1);
         add(&ctl.reclaimed, 1);
+        if self.sh.items_per_slot > 0 {
+            return self.reclaim_items_writer(key, len, priority);
+        }
         let in_sampler = self.local.in_sampler[key.slot as usize] == Some(key);
         if len == 0 {
             if in_sampler {
@@ -650,6 +690,9 @@ impl<'a> Locked<'a> {
         }
         if let Ok(rec) = sh.region.slot(key.slot) {
             if rec.free(key).is_ok() {
+                // Its pending items die with it (their records name a
+                // generation the slot no longer has anyway).
+                self.clear_items_of(key);
                 self.push_free(key.slot);
                 sub(&ctl.pending_inserts, 1);
             }
