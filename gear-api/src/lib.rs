@@ -38,6 +38,7 @@ pub mod error;
 pub mod limiter;
 pub mod sampler;
 pub mod table;
+pub mod transitions;
 pub mod writer;
 
 #[cfg(feature = "cuda")]
@@ -50,6 +51,7 @@ pub use table::{
     latest_checkpoint, AttachOptions, CheckpointReport, CommittedTrajectory, NewItem, PoolConfig, ReplayTable,
     SlotCounts, StoredItem, TableBuilder, TableInfo,
 };
+pub use transitions::{Observations, TransitionConfig, TransitionSampler, Transitions};
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 
 pub use gear_core;

@@ -433,8 +433,6 @@ macro_rules! row_metadata {
         }
     };
 }
-// Only the CUDA sampler uses it from another module.
-#[cfg(feature = "cuda")]
 pub(crate) use row_metadata;
 
 /// One sampled batch: per column a `[rows, window, *shape]` buffer, the

@@ -12,6 +12,10 @@
 //!   the padding, splitting large batches across threads. Its output is
 //!   byte-for-byte the gear-core [`Collector`](gear_core::Collector)
 //!   contract, the reference other backends are compared with;
+//! * [`TransitionCollector`]: DQN-style transitions (frame-stacked
+//!   observations and next observations as views of frames gathered once,
+//!   n-step returns) from item windows, through the same
+//!   [`Collector`](gear_core::Collector) trait;
 //! * [`sync`]: process leases (liveness across PID namespaces), a robust
 //!   table lock with deadlines, and futex waits, for metadata that several
 //!   processes update;
@@ -32,12 +36,16 @@ mod host;
 mod raw;
 mod shm;
 pub mod sync;
+mod transition;
 
 pub use caller::{CallerBatch, IntoCallerBuffers};
 pub use collect::{check_column_buffers, CpuCollector, HostBatch, BATCH_ALIGN, DEFAULT_BYTES_PER_THREAD};
 pub use error::{Error, Result};
 pub use host::{HostPool, HOST_POOL_ALIGN};
 pub use shm::{validate_name, ShmOptions, ShmPool, DEFAULT_SHM_DIR, MAX_SHM_NAME_BYTES, SHM_POOL_ALIGN};
+pub use transition::{
+    FrameView, TransitionBatch, TransitionCollector, TransitionColumns, TransitionLayout, TransitionRule,
+};
 
 use gear_core::{RegionLayout, TableRegion, TableSpec};
 use std::path::Path;
