@@ -106,7 +106,10 @@ __device__ __forceinline__ void gear_zero(gear_u8* dst, gear_u64 n, gear_u64 tid
 }
 
 // row_src[r]: device address of row r's slot base (mapped host or cache).
-// row_len[r]: stored length k of row r's trajectory (k <= T, host-checked).
+// row_len[r]: start << 32 | k: the window applies to the k steps of row r's
+//             slot from step start (a whole trajectory: start 0 and its
+//             stored length; an item: its window); start + k <= T < 2^32,
+//             host-checked.
 // cols[3c..3c+3]: column c's offset inside a slot, bytes per step s, and
 //                 the device address of its batch buffer.
 // lengths_out[r]: valid steps of row r (written once per row).
@@ -121,11 +124,14 @@ extern "C" __global__ void gear_gather(const gear_u64* __restrict__ row_src, con
         const gear_u64 r = task / ncols;
         const gear_u64 c = task - r * ncols;
         gear_u64 src_step, dst_step, steps;
-        gear_resolve(row_len[r], w_offset, w_len, pad_head, &src_step, &dst_step, &steps);
+        // start << 32 | k: the window applies to steps [start, start + k).
+        const gear_u64 k = row_len[r] & 0xffffffffULL;
+        const gear_u64 start = row_len[r] >> 32;
+        gear_resolve(k, w_offset, w_len, pad_head, &src_step, &dst_step, &steps);
         const gear_u64 s = cols[3 * c + 1];
         const gear_u64 row_bytes = w_len * s;
         gear_u8* dst = (gear_u8*)(cols[3 * c + 2] + r * row_bytes);
-        const gear_u8* src = (const gear_u8*)(row_src[r] + cols[3 * c] + src_step * s);
+        const gear_u8* src = (const gear_u8*)(row_src[r] + cols[3 * c] + (start + src_step) * s);
         const gear_u64 a = dst_step * s;
         const gear_u64 b = a + steps * s;
         gear_zero(dst, a, tid, nthreads);

@@ -298,7 +298,9 @@ impl<R: MemoryRegion> RowCache for DeviceCache<R> {
                 let &i = st.by_slot.get(&row.slot)?;
                 let e = st.entries[i]?;
                 let current = self.table.slot(row.slot).ok()?.key_state(row.slot).0;
-                (current == e.key && e.len >= row.len).then_some(base + i as u64 * stride)
+                // The copy must hold every step the row reads (an item's
+                // window ends `start + len` steps into its slot).
+                (current == e.key && e.len >= row.start.saturating_add(row.len)).then_some(base + i as u64 * stride)
             })
             .collect();
         if cached.iter().all(Option::is_none) {

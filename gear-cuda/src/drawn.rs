@@ -193,6 +193,10 @@ impl DeviceSlots {
     /// Mirrors of `capacity` empty slots of at most `max_len` steps, with
     /// their work queued on `stream`.
     pub fn new(device: &CudaDevice, stream: Arc<CudaStream>, capacity: u64, max_len: u64) -> Result<Self> {
+        if max_len > u64::from(u32::MAX) {
+            // The gather's row words hold a length in their low 32 bits.
+            return Err(gear_core::Error::Unsupported("device draws read trajectories of fewer than 2^32 steps").into());
+        }
         let priorities = DevicePriorities::on_stream(device, capacity, stream)?;
         let keys = device.alloc(capacity * 8)?;
         let lens = device.alloc_zeroed(capacity * 8)?;

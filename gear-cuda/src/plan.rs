@@ -27,7 +27,8 @@ pub fn grid_1d(items: u64) -> u32 {
 /// Everything `gear_gather` needs, as one word table plus scalars.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatherPlan {
-    /// `[row_src; rows] ++ [row_len; rows] ++ [col_off, step_bytes, dst; ncols]`.
+    /// `[row_src; rows] ++ [row_start << 32 | row_len; rows] ++ [col_off,
+    /// step_bytes, dst; ncols]`.
     pub words: Vec<u64>,
     /// Rows in the batch.
     pub rows: u64,
@@ -112,20 +113,14 @@ pub fn plan_gather(
     }
     let mut lengths = Vec::with_capacity(rows.len());
     for (r, row) in rows.iter().enumerate() {
-        if row.len > layout.max_len() {
-            return Err(Error::InvalidWindow(format!(
-                "row {r} (slot {}): stored length {} exceeds the table's maximum {}",
-                row.slot,
-                row.len,
-                layout.max_len()
-            )));
+        row.check_len(r, layout.max_len())?;
+        // The kernel reads `start << 32 | len` (an item's window, or a
+        // whole trajectory from step 0).
+        if row.start > u64::from(u32::MAX) || row.len > u64::from(u32::MAX) {
+            return Err(Error::Unsupported("the device gather reads rows of fewer than 2^32 steps"));
         }
-        if row.start != 0 {
-            // The kernel's row table holds slot bases and lengths only.
-            return Err(Error::Unsupported("the device gather reads whole trajectories: rows that start inside a slot (items) are gathered on the host"));
-        }
-        words.push(row.len);
-        lengths.push(batch.window().resolve(row.len).steps);
+        words.push(row.start << 32 | row.len);
+        lengths.push(row.resolve(&batch.window()).steps);
     }
     let mut max_row_bytes = 0;
     for (i, (&c, &s)) in batch.columns().iter().zip(batch.step_bytes()).enumerate() {
@@ -207,13 +202,15 @@ pub fn copy_shapes(plan: &GatherPlan) -> Vec<CopyShape> {
     let cols = &plan.words[plan.cols_at()..];
     let mut out = Vec::new();
     for r in 0..plan.rows as usize {
-        let w = window.resolve(plan.words[plan.row_len_at() + r]);
+        let word = plan.words[plan.row_len_at() + r];
+        let w = window.resolve(word & 0xffff_ffff);
+        let start = word >> 32;
         for c in cols.chunks_exact(3) {
             let (col_off, s, dst_base) = (c[0], c[1], c[2]);
             if w.steps == 0 || s == 0 {
                 continue;
             }
-            let src = plan.words[r] + col_off + w.src_step * s;
+            let src = plan.words[r] + col_off + (start + w.src_step) * s;
             let dst = dst_base + r as u64 * plan.w_len * s + w.dst_step * s;
             out.push(CopyShape::of(dst, src, w.steps * s));
         }
@@ -297,7 +294,11 @@ mod tests {
         let bad_slot = plan_gather(&l, &b, &[GatherRow::whole(4, 1)], 0, &[0], &[]);
         assert!(matches!(bad_slot, Err(Error::SlotOutOfRange { .. })));
         let too_long = plan_gather(&l, &b, &[GatherRow::whole(0, 11)], 0, &[0], &[]).unwrap_err();
-        assert!(too_long.to_string().contains("exceeds"), "{too_long}");
+        assert!(too_long.to_string().contains("exceed"), "{too_long}");
+        let past_the_end = plan_gather(&l, &b, &[GatherRow { slot: 0, start: 8, len: 3 }], 0, &[0], &[]).unwrap_err();
+        assert!(past_the_end.to_string().contains("steps 8..11 exceed"), "{past_the_end}");
+        let item = plan_gather(&l, &b, &[GatherRow { slot: 1, start: 6, len: 4 }], 0, &[0], &[]).unwrap();
+        assert_eq!(item.words[1], 6 << 32 | 4, "start and length share the row word");
         let wrong_rows = plan_gather(&l, &b, &[], 0, &[0], &[]).unwrap_err();
         assert!(wrong_rows.to_string().contains("1 rows"), "{wrong_rows}");
     }

@@ -137,8 +137,19 @@ fn random_case(rng: &mut Xoshiro256) -> GatherCase {
     let req: Vec<usize> = (0..nreq).map(|_| rng.below(ncols as u64) as usize).collect();
     let nrows = rng.below(10) as usize;
     let batch = BatchLayout::new(&layout, &req, nrows, window).unwrap();
-    let rows: Vec<GatherRow> =
-        (0..nrows).map(|_| GatherRow::whole(rng.below(capacity) as u32, rng.below(t + 1))).collect();
+    // Whole trajectories and items (windows starting inside the slot).
+    let rows: Vec<GatherRow> = (0..nrows)
+        .map(|_| {
+            let slot = rng.below(capacity) as u32;
+            match rng.below(2) {
+                0 => GatherRow::whole(slot, rng.below(t + 1)),
+                _ => {
+                    let start = rng.below(t + 1);
+                    GatherRow { slot, start, len: rng.below(t - start + 1) }
+                }
+            }
+        })
+        .collect();
     let cached_slots: Vec<u32> = (0..capacity as u32).filter(|_| rng.below(3) == 0).collect();
     let grid = match rng.below(3) {
         0 => None,

@@ -394,13 +394,14 @@ impl CacheFill {
         if self.requested.len() > 4 * self.cache.capacity() {
             self.requested.clear();
         }
-        let slots = table.shared.region.slots();
         for &key in keys {
-            if self.requested.contains(&key) || self.cache.contains(key) {
+            // The cache holds trajectories: an item's is cached for it.
+            let Some((trajectory, times)) = table.trajectory_sampled(key) else { continue };
+            if self.requested.contains(&trajectory) || self.cache.contains(trajectory) {
                 continue;
             }
-            if slots[key.slot as usize].meta(key.slot).times_sampled >= self.admit_after && tx.try_send(key).is_ok() {
-                self.requested.insert(key);
+            if times >= self.admit_after && tx.try_send(trajectory).is_ok() {
+                self.requested.insert(trajectory);
             }
         }
     }

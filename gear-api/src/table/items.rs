@@ -525,6 +525,22 @@ impl ReplayTable {
         self.add_items(trajectory, &items)
     }
 
+    /// The trajectory a sampled row's key reads (the key itself, or an
+    /// item's trajectory) and how many times the key was sampled; `None`
+    /// when the key is stale or out of range.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn trajectory_sampled(&self, key: SlotKey) -> Option<(SlotKey, u64)> {
+        let region = &self.shared.region;
+        if !key.is_item() {
+            let meta = region.slots().get(key.slot as usize)?.meta(key.slot);
+            return (meta.key == key).then_some((key, meta.times_sampled));
+        }
+        let rec = region.items().get(key.slot as usize)?;
+        let w = rec.read(key)?;
+        let trajectory = SlotKey { slot: region.item_slot(key.slot)?, generation: w.slot_generation };
+        Some((trajectory, rec.meta(key.slot).times_sampled))
+    }
+
     /// The live items of the stored trajectory `trajectory`, in record
     /// order; empty when the key is stale.
     pub fn items_of(&self, trajectory: SlotKey) -> Result<Vec<StoredItem>> {

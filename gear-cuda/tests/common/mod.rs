@@ -74,7 +74,7 @@ pub fn gather_reference(
     batch: &BatchLayout,
     rows: &[GatherRow],
 ) -> (Vec<Vec<u8>>, Vec<u64>) {
-    let lengths: Vec<u64> = rows.iter().map(|r| batch.window().resolve(r.len).steps).collect();
+    let lengths: Vec<u64> = rows.iter().map(|r| r.resolve(&batch.window()).steps).collect();
     let cols = batch
         .columns()
         .iter()
@@ -84,7 +84,7 @@ pub fn gather_reference(
             let row_bytes = batch.row_bytes(i) as usize;
             let mut out = vec![0u8; row_bytes * rows.len()];
             for (r, row) in rows.iter().enumerate() {
-                let w = batch.window().resolve(row.len);
+                let w = row.resolve(&batch.window());
                 let src = layout.range(u64::from(row.slot), c, w.src_step, w.steps);
                 let dst = r * row_bytes + w.dst_step as usize * s;
                 out[dst..dst + (src.end - src.start) as usize]
