@@ -8,8 +8,13 @@
 //! cases per child, and the parent fails on any child that crashes, panics
 //! or outlives its deadline, naming the seed that reproduces it.
 //!
-//! `GEAR_FUZZ_CASES` sets the number of cases (default 240 here; `cargo
-//! xtask soak` runs thousands).
+//! Tables with items get cases of their own that flip bytes of the item
+//! records: every sampled row must then still read its item's own
+//! trajectory (an item names its slot by its index, never by a stored
+//! field), or the call must fail.
+//!
+//! `GEAR_FUZZ_CASES` sets the number of cases (default 240 here, and 120
+//! of item records; `cargo xtask soak` runs thousands).
 
 mod common;
 
@@ -24,6 +29,10 @@ const ROLE: &str = "GEAR_FUZZ_CHILD";
 const FIRST: &str = "GEAR_FUZZ_FIRST";
 const COUNT: &str = "GEAR_FUZZ_COUNT";
 const SEED: &str = "GEAR_FUZZ_SEED";
+const ITEMS: &str = "GEAR_FUZZ_ITEMS";
+
+/// Items per trajectory in the item cases.
+const ITEMS_PER_TRAJECTORY: u64 = 4;
 
 /// The deadline every call in a case is given.
 const CALL_TIMEOUT: Duration = Duration::from_millis(300);
@@ -35,8 +44,27 @@ fn spec() -> TableSpec {
     common::spec3(6, 12)
 }
 
+fn item_spec() -> TableSpec {
+    spec().with_items_per_trajectory(ITEMS_PER_TRAJECTORY).unwrap()
+}
+
+/// The obs bytes of trajectory `n`'s steps (0 is never written: padding).
+static MARKS: [[u8; 6]; 16] = {
+    let mut m = [[0u8; 6]; 16];
+    let mut i = 0;
+    while i < 16 {
+        m[i] = [i as u8 + 1; 6];
+        i += 1;
+    }
+    m
+};
+
 fn step() -> [StepValue<'static>; 3] {
-    [StepValue::typed(&[3u8; 6]), StepValue::typed(&[4i32]), StepValue::typed(&[1.0f32, 2.0])]
+    marked_step(2)
+}
+
+fn marked_step(n: usize) -> [StepValue<'static>; 3] {
+    [StepValue::typed(&MARKS[n]), StepValue::typed(&[4i32]), StepValue::typed(&[1.0f32, 2.0])]
 }
 
 /// Runs `f`, failing the child (exit 3) if it took far longer than
@@ -49,6 +77,12 @@ fn timed<T>(case: u64, what: &str, deadline: Duration, f: impl FnOnce() -> T) ->
         std::process::exit(3);
     }
     out
+}
+
+/// Where an item case flips bytes: the item records (the slot records,
+/// which the item cases leave alone, say which trajectory each slot holds).
+fn item_areas(rl: &RegionLayout) -> Vec<(&'static str, u64, u64)> {
+    vec![("item records", rl.items_offset, 32 * spec().capacity() * ITEMS_PER_TRAJECTORY)]
 }
 
 /// Where a case flips bytes: (offset, length) of one area of the file.
@@ -70,6 +104,10 @@ fn areas(rl: &RegionLayout) -> Vec<(&'static str, u64, u64)> {
 struct Tally {
     calls: u64,
     errors: u64,
+    /// Item cases whose attached handle, rebuilt from the corrupted
+    /// records, holds other items than the creator's (the corruption
+    /// reached the items).
+    diverged: u64,
 }
 
 impl Tally {
@@ -79,15 +117,25 @@ impl Tally {
     }
 }
 
-fn one_case(case: u64, seed: u64, tally: &mut Tally) {
+fn one_case(case: u64, seed: u64, items: bool, tally: &mut Tally) {
     let mut rng = Xoshiro256::seed_from_u64(seed ^ case.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let name = format!("gear-fuzz-{}-{case}", std::process::id());
-    let table = ReplayTable::builder(spec()).shared_memory(&name).build().unwrap();
-    for i in 0..6 {
+    let builder = if items {
+        ReplayTable::builder(item_spec())
+            .item_pattern(gear_api::ItemPattern::Windows { len: 2, stride: 2, tail: true })
+            .sampler_kind(gear_sampler::StrategyKind::Prioritized, gear_sampler::StrategyParams::default())
+    } else {
+        ReplayTable::builder(spec())
+    };
+    let table = builder.shared_memory(&name).build().unwrap();
+    // Which trajectory's marks each slot holds.
+    let mut marks = vec![0u8; spec().capacity() as usize];
+    for (i, mark) in MARKS.iter().enumerate().take(6) {
         let mut t = table.writer().begin(Some(1.0 + i as f64)).unwrap();
         for _ in 0..1 + rng.below(6) {
-            t.append_step(&step()).unwrap();
+            t.append_step(&marked_step(i)).unwrap();
         }
+        marks[t.key().slot as usize] = mark[0];
         t.end().unwrap();
     }
     let (obs, act, rew) = (vec![5u8; 3 * 6], vec![6i32; 3], vec![7f32; 3 * 2]);
@@ -96,8 +144,8 @@ fn one_case(case: u64, seed: u64, tally: &mut Tally) {
         .insert_batch(3, 1, &[StepValue::typed(&obs), StepValue::typed(&act), StepValue::typed(&rew)], None)
         .unwrap();
     let open = table.writer().begin(None).unwrap(); // one slot left being written
-    let rl = RegionLayout::for_spec(&spec()).unwrap();
-    let areas = areas(&rl);
+    let rl = RegionLayout::for_spec(table.spec()).unwrap();
+    let areas = if items { item_areas(&rl) } else { areas(&rl) };
     let (_area, start, len) = areas[rng.below(areas.len() as u64) as usize];
     let file = std::fs::OpenOptions::new().read(true).write(true).open(format!("/dev/shm/{name}")).unwrap();
     for _ in 0..1 + rng.below(8) {
@@ -112,11 +160,24 @@ fn one_case(case: u64, seed: u64, tally: &mut Tally) {
     let attach_timeout = AttachOptions { timeout: Some(call), ..AttachOptions::default() };
     let attached = timed(case, "attach", call, || ReplayTable::attach(&name, attach_timeout));
     tally.note(&attached);
+    if let (true, Ok(a)) = (items, &attached) {
+        let masses = (a.selection_mass(), table.selection_mass());
+        if let (Ok(x), Ok(y)) = masses {
+            tally.diverged += u64::from(x != y);
+        }
+    }
     for (who, t) in [("attached", attached.as_ref().ok()), ("creator", Some(&table))] {
         let Some(t) = t else { continue };
         let config = SampleConfig::new(4, WindowSpec::last(3)).timeout(Some(call));
         let sampled = timed(case, "sample", call * 2, || {
-            t.sampler(config).and_then(|mut s| s.sample().map(|b| b.keys().to_vec()))
+            t.sampler(config).and_then(|mut s| {
+                s.sample().map(|b| {
+                    if items {
+                        check_item_rows(case, b, &marks);
+                    }
+                    b.keys().to_vec()
+                })
+            })
         });
         tally.note(&sampled);
         let keys: Vec<SlotKey> = sampled.unwrap_or_default();
@@ -140,6 +201,32 @@ fn one_case(case: u64, seed: u64, tally: &mut Tally) {
     let _ = std::fs::remove_file(format!("/dev/shm/{name}"));
 }
 
+/// Every row of an item batch reads its item's trajectory: the one its
+/// slot held when the case wrote it (slots the case did not mark, those of
+/// the batch insert and of writes after the corruption, are checked for
+/// one trajectory per row only). A row mixing trajectories or reading
+/// another slot's exits the child.
+fn check_item_rows(case: u64, b: &gear_api::SampledBatch, marks: &[u8]) {
+    let obs = b.column("obs").unwrap().bytes;
+    for (r, key) in b.keys().iter().enumerate() {
+        let slot = (u64::from(key.slot) / ITEMS_PER_TRAJECTORY) as usize;
+        let row = &obs[r * 3 * 6..(r + 1) * 3 * 6];
+        let n = (b.lengths()[r] as usize).min(3);
+        // `WindowSpec::last(3)`: padding first, then the item's steps.
+        let (padding, data) = row.split_at((3 - n) * 6);
+        let want = marks.get(slot).copied().unwrap_or(0);
+        let first = data.first().copied().unwrap_or(0);
+        let ok = key.is_item()
+            && padding.iter().all(|&x| x == 0)
+            && data.iter().all(|&x| x == first)
+            && (want == 0 || n == 0 || first == want);
+        if !ok {
+            println!("CROSSED case {case}: row {r} of {key} (slot {slot}, mark {want}) reads {row:?}");
+            std::process::exit(4);
+        }
+    }
+}
+
 /// Entry point of the child processes; does nothing in a normal run.
 #[test]
 fn child_entry() {
@@ -148,22 +235,44 @@ fn child_entry() {
     }
     let var = |k: &str| std::env::var(k).unwrap().parse::<u64>().unwrap();
     let (first, count, seed) = (var(FIRST), var(COUNT), var(SEED));
+    let items = std::env::var(ITEMS).is_ok();
     let mut tally = Tally::default();
     for case in first..first + count {
-        one_case(case, seed, &mut tally);
+        one_case(case, seed, items, &mut tally);
     }
-    println!("cases {first}..{} passed: {} calls, {} errors", first + count, tally.calls, tally.errors);
+    println!(
+        "cases {first}..{} passed: {} calls, {} errors, {} diverged",
+        first + count,
+        tally.calls,
+        tally.errors,
+        tally.diverged
+    );
 }
 
 #[test]
 fn corrupted_table_files_never_hang_panic_or_signal() {
     let cases: u64 = std::env::var("GEAR_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(240);
+    fuzz(cases, false);
+}
+
+#[test]
+fn corrupted_item_records_never_hang_panic_or_cross_trajectories() {
+    let cases: u64 = std::env::var("GEAR_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(240);
+    fuzz(cases / 2, true);
+}
+
+/// Runs `cases` cases in child processes (item tables with `items`).
+fn fuzz(cases: u64, items: bool) {
     let seed: u64 = std::env::var("GEAR_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x6ea2);
     const PER_CHILD: u64 = 40;
-    let (mut first, mut calls, mut errors) = (0, 0, 0);
+    let (mut first, mut calls, mut errors, mut diverged) = (0, 0, 0, 0);
     while first < cases {
         let count = PER_CHILD.min(cases - first);
-        let mut c = Command::new(std::env::current_exe().unwrap())
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        if items {
+            command.env(ITEMS, "1");
+        }
+        let mut c = command
             .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .env(ROLE, "1")
             .env(FIRST, first.to_string())
@@ -204,12 +313,21 @@ fn corrupted_table_files_never_hang_panic_or_signal() {
                 };
                 errors += n(" errors");
                 calls += n(" calls");
+                diverged += n(" diverged");
             }
         }
         first += count;
     }
-    eprintln!("{cases} corrupted tables: {calls} calls, {errors} refused with an error, none hung or crashed");
-    // The corruption reached the calls: some were refused (a fuzz whose
-    // flips changed nothing would prove nothing).
-    assert!(errors > 0, "no call saw the corruption");
+    eprintln!(
+        "{cases} corrupted tables: {calls} calls, {errors} refused with an error, {diverged} with items the \
+         attacher left out, none hung, crashed or crossed trajectories"
+    );
+    // The corruption reached the calls (a fuzz whose flips changed nothing
+    // would prove nothing): some were refused, or, for item records, an
+    // attacher rebuilding from them left corrupted items out.
+    if items {
+        assert!(diverged > 0, "no case's corruption reached the items");
+    } else {
+        assert!(errors > 0, "no call saw the corruption");
+    }
 }

@@ -68,6 +68,59 @@ fn check_batch(batch: &gear_api::SampledBatch) -> Result<(), String> {
     Ok(())
 }
 
+/// Steps of an item row: the items' windows are at most this long.
+const ITEM_WINDOW: u64 = 4;
+
+/// A table of items: windows of `ITEM_WINDOW` steps every 2, the tail
+/// included.
+fn item_table(name: &str, t: u64, capacity: u64) -> ReplayTable {
+    ReplayTable::builder(spec(t, capacity).with_items_per_trajectory(t).unwrap())
+        .shared_memory(name)
+        .item_pattern(gear_api::ItemPattern::Windows { len: ITEM_WINDOW, stride: 2, tail: true })
+        .build()
+        .unwrap()
+}
+
+/// Checks every row of an item batch sampled with
+/// `WindowSpec::first(ITEM_WINDOW)`: one trajectory per row, consecutive
+/// steps from the row's start, pattern bytes, zero padding after.
+fn check_item_batch(batch: &gear_api::SampledBatch) -> Result<(), String> {
+    let ids: &[i64] = batch.column("id").unwrap().as_slice().unwrap();
+    let steps: &[i32] = batch.column("step").unwrap().as_slice().unwrap();
+    let obs = batch.column("obs").unwrap().bytes;
+    let w = ITEM_WINDOW as usize;
+    for (r, &n) in batch.lengths().iter().enumerate() {
+        if !batch.keys()[r].is_item() {
+            return Err(format!("row {r}: key {} is not an item's", batch.keys()[r]));
+        }
+        if n == 0 || i64::from(steps[r * w]) != batch.starts()[r] as i64 {
+            return Err(format!("row {r}: {n} steps from step {}, start {}", steps[r * w], batch.starts()[r]));
+        }
+        for j in 0..w {
+            let at = r * w + j;
+            let o = &obs[at * OBS..(at + 1) * OBS];
+            if j >= n as usize {
+                if ids[at] != 0 || steps[at] != 0 || o.iter().any(|&b| b != 0) {
+                    return Err(format!("row {r} step {j}: padding is not zero"));
+                }
+                continue;
+            }
+            let (id, step) = (ids[at], steps[at]);
+            if id != ids[r * w] || step != steps[r * w] + j as i32 {
+                return Err(format!(
+                    "row {r} step {j}: id {id} step {step} after id {} step {}",
+                    ids[r * w],
+                    steps[r * w]
+                ));
+            }
+            if let Some(i) = (0..OBS).find(|&i| o[i] != obs_byte(id, step, i)) {
+                return Err(format!("row {r} step {j}: obs byte {i} is torn (id {id} step {step})"));
+            }
+        }
+    }
+    Ok(())
+}
+
 const ROLE: &str = "GEAR_TEST_CHILD_ROLE";
 const TABLE: &str = "GEAR_TEST_CHILD_TABLE";
 const ARG: &str = "GEAR_TEST_CHILD_ARG";
@@ -124,6 +177,40 @@ fn child_entry() {
             for s in 0..arg as i32 {
                 append(&mut traj, 7_000 + arg as i64, s);
             }
+            println!("ready {} {}", traj.key().slot, traj.key().generation);
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        // Samples item rows (`WindowSpec::first(ITEM_WINDOW)`) and checks
+        // each against its item's window for `arg` milliseconds.
+        "item-sampler" => {
+            let deadline = Instant::now() + Duration::from_millis(arg);
+            let mut sampler = table
+                .sampler(SampleConfig::new(16, WindowSpec::first(ITEM_WINDOW)).timeout(Some(Duration::from_secs(10))))
+                .unwrap();
+            let mut rows = 0;
+            while Instant::now() < deadline {
+                let batch = sampler.sample().unwrap();
+                if let Err(e) = check_item_batch(batch) {
+                    panic!("integrity: {e}");
+                }
+                rows += batch.rows();
+            }
+            println!("item-sampler checked {rows}");
+        }
+        // Begins a trajectory, publishes `arg % 100` steps, adds items over
+        // steps 0..2 and 1..3 when `arg >= 100`, writes one more step of
+        // one column only (not published), and waits to be killed.
+        "item-hang-writer" => {
+            let mut traj = table.writer().begin(None).unwrap();
+            let id = 9_000 + arg as i64;
+            for s in 0..(arg % 100) as i32 {
+                append(&mut traj, id, s);
+            }
+            if arg >= 100 {
+                traj.add_item(0, 2, Some(3.0)).unwrap();
+                traj.add_item(1, 2, None).unwrap();
+            }
+            traj.append_column("id", 1, StepValue::typed(&[id])).unwrap();
             println!("ready {} {}", traj.key().slot, traj.key().generation);
             std::thread::sleep(Duration::from_secs(60));
         }
@@ -443,4 +530,86 @@ fn child_server() {
     let _table = ReplayTable::builder(spec(8, 4)).shared_memory(&name).build().unwrap();
     println!("ready 0 0");
     std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn item_writers_and_samplers_in_separate_processes_never_see_torn_rows() {
+    let name = unique("items");
+    // Small: trajectories (and so their items) are evicted and their slots
+    // reused while samplers copy items of them.
+    let table = item_table(&name, 12, 24);
+    let run_ms = std::env::var("GEAR_STRESS_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let writers: Vec<Child> = (0..2).map(|_| spawn("writer", &name, run_ms)).collect();
+    let samplers: Vec<Child> = (0..2).map(|_| spawn("item-sampler", &name, run_ms)).collect();
+    let mut written = 0u64;
+    for w in writers {
+        let text = finish(w, "writer");
+        written += text.lines().find_map(|l| l.split("writer wrote ").nth(1)).unwrap().trim().parse::<u64>().unwrap();
+    }
+    let mut checked = 0u64;
+    for s in samplers {
+        let text = finish(s, "item-sampler");
+        checked +=
+            text.lines().find_map(|l| l.split("item-sampler checked ").nth(1)).unwrap().trim().parse::<u64>().unwrap();
+    }
+    let info = table.info().unwrap();
+    eprintln!("items: {written} trajectories written, {checked} item rows checked, {} evictions", info.evictions);
+    assert!(written > 100 && checked > 100, "too little work to mean anything: {written} written, {checked} rows");
+    assert!(info.evictions > 0, "the stress must reuse slots");
+    assert!(info.inserts >= written, "every trajectory has at least one item (the tail window)");
+    // What the writers left is consistent: the table's size is its
+    // committed trajectories' live items, each of them sampled back right.
+    let mut sampler = table.sampler(SampleConfig::new(64, WindowSpec::first(ITEM_WINDOW))).unwrap();
+    check_item_batch(sampler.sample().unwrap()).unwrap();
+}
+
+#[test]
+fn a_writer_killed_before_adding_items_leaves_the_pattern_over_its_published_steps() {
+    let name = unique("itemkill");
+    let table = item_table(&name, 16, 4);
+    let mut child = spawn("item-hang-writer", &name, 5);
+    let traj = wait_ready(&mut child);
+    kill(&mut child);
+    assert_eq!(table.reclaim_dead().unwrap(), 1);
+    // Five steps published (the sixth, of one column, was not): windows
+    // 0..4 and the tail 2..5; none reaches past step 5.
+    let items = table.items_of(traj).unwrap();
+    assert_eq!(items.iter().map(|i| (i.start, i.len)).collect::<Vec<_>>(), vec![(0, 4), (2, 3)]);
+    assert_eq!(table.info().unwrap().size, 2);
+    let mut sampler = table.sampler(SampleConfig::new(32, WindowSpec::first(ITEM_WINDOW))).unwrap();
+    let batch = sampler.sample().unwrap();
+    check_item_batch(batch).unwrap();
+    assert!(batch.keys().iter().all(|k| items.iter().any(|i| i.key == *k)));
+}
+
+#[test]
+fn a_writer_killed_after_adding_items_keeps_exactly_those_and_no_dangling_one() {
+    let name = unique("itemkill2");
+    let table = item_table(&name, 16, 2);
+    let mut child = spawn("item-hang-writer", &name, 103);
+    let traj = wait_ready(&mut child);
+    kill(&mut child);
+    assert_eq!(table.info().unwrap().size, 0, "pending items are not selectable");
+    assert_eq!(table.reclaim_dead().unwrap(), 1);
+    let items = table.items_of(traj).unwrap();
+    assert_eq!(items.iter().map(|i| (i.start, i.len, i.priority)).collect::<Vec<_>>()[0], (0, 2, 3.0));
+    assert_eq!(items.iter().map(|i| (i.start, i.len)).collect::<Vec<_>>(), vec![(0, 2), (1, 2)]);
+    let mut sampler = table.sampler(SampleConfig::new(16, WindowSpec::first(ITEM_WINDOW))).unwrap();
+    check_item_batch(sampler.sample().unwrap()).unwrap();
+    // Writing two more trajectories evicts the reclaimed one and its items:
+    // their keys are stale, nothing of them is drawn again.
+    let w = table.writer();
+    for id in 1..=2 {
+        let mut t = w.begin(None).unwrap();
+        for s in 0..4 {
+            append(&mut t, id, s);
+        }
+        t.end().unwrap();
+    }
+    assert!(table.items_of(traj).unwrap().is_empty());
+    let stale: Vec<(SlotKey, f64)> = items.iter().map(|i| (i.key, 1.0)).collect();
+    assert_eq!(table.update_priorities(&stale).unwrap(), 0);
+    let batch = sampler.sample().unwrap();
+    check_item_batch(batch).unwrap();
+    assert!(batch.keys().iter().all(|k| items.iter().all(|i| i.key != *k)));
 }

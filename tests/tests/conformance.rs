@@ -399,3 +399,114 @@ fn a_crashed_writer_process_keeps_what_it_published() {
         assert_eq!(ids_of(&batch)[..2], [40, 41], "{b:?}");
     });
 }
+
+/// A table of `capacity` trajectories of at most 8 steps with `m` items
+/// each, column `id` holding `trajectory * 100 + step`.
+fn items_spec(capacity: u64, m: u64) -> TableSpec {
+    TableSpec::new(vec![ColumnSpec::new("id", DType::I64, vec![])], 8, capacity)
+        .unwrap()
+        .with_items_per_trajectory(m)
+        .unwrap()
+}
+
+/// Writes trajectory `id` of `len` steps with items `(start, len,
+/// priority)` added while writing; returns its key and the items' keys.
+fn write_items(table: &ReplayTable, id: i64, len: u64, items: &[(u64, u64, f64)]) -> (SlotKey, Vec<SlotKey>) {
+    let mut t = table.writer().with_timeout(Duration::from_secs(10)).begin(None).unwrap();
+    let steps: Vec<i64> = (0..len as i64).map(|s| id * 100 + s).collect();
+    t.append_column("id", len, StepValue::typed(&steps)).unwrap();
+    let keys = items.iter().map(|&(start, n, p)| t.add_item(start, n, Some(p)).unwrap()).collect();
+    (t.end().unwrap(), keys)
+}
+
+#[test]
+fn items_draw_their_distribution_with_exact_weights_and_windows() {
+    each(|b| {
+        for kind in [StrategyKind::Uniform, StrategyKind::Prioritized] {
+            let params = StrategyParams { alpha: 0.7, beta: 0.5, ..Default::default() };
+            let builder = ReplayTable::builder(items_spec(4, 4))
+                .item_pattern(gear_api::ItemPattern::None)
+                .sampler_kind(kind, params);
+            let table = b.build(builder);
+            // Eight overlapping items over two stored trajectories.
+            let mut windows = HashMap::new();
+            let mut keys = Vec::new();
+            let mut priorities = Vec::new();
+            for (id, items) in [
+                (1i64, [(0, 3, 1.0), (1, 3, 2.0), (2, 4, 3.0), (5, 3, 4.0)]),
+                (2, [(0, 2, 5.0), (0, 8, 6.0), (3, 1, 7.0), (6, 2, 8.0)]),
+            ] {
+                let (_, ks) = write_items(&table, id, 8, &items);
+                for (k, &(start, len, p)) in ks.iter().zip(&items) {
+                    windows.insert(*k, (id, start, len));
+                    keys.push(*k);
+                    priorities.push(p);
+                }
+            }
+            let mass: Vec<f64> = priorities
+                .iter()
+                .map(|&p: &f64| if kind == StrategyKind::Uniform { 1.0 } else { p.powf(0.7) })
+                .collect();
+            let total: f64 = mass.iter().sum();
+            let expected: Vec<f64> = mass.iter().map(|m| m / total).collect();
+            let max_w = expected.iter().map(|&p| (8.0 * p).powf(-0.5)).fold(0.0, f64::max);
+            let mut counts = [0u64; 8];
+            // Each row is its item's window: the first four steps of it,
+            // tail-padded.
+            let w = WindowSpec::first(4);
+            for batch in b.sample(&table, SampleConfig::new(256, w), 40) {
+                let ids = ids_of(&batch);
+                for (r, key) in batch.keys.iter().enumerate() {
+                    let i = keys.iter().position(|k| k == key).unwrap_or_else(|| panic!("{b:?}: {key} is no item"));
+                    counts[i] += 1;
+                    let (id, start, len) = windows[key];
+                    let n = len.min(4);
+                    assert_eq!(batch.lengths[r], n, "{b:?} {kind:?}: length of {key}");
+                    for j in 0..4u64 {
+                        let want = if j < n { id * 100 + (start + j) as i64 } else { 0 };
+                        assert_eq!(ids[r * 4 + j as usize], want, "{b:?} {kind:?}: row of {key} step {j}");
+                    }
+                    let p = expected[i];
+                    assert!((batch.probabilities[r] - p).abs() < 1e-9, "{b:?} {kind:?}: P({key})");
+                    if kind == StrategyKind::Prioritized {
+                        let want_w = (8.0 * p).powf(-0.5) / max_w;
+                        assert!((batch.weights[r] - want_w).abs() < 1e-9, "{b:?}: weight of {key}");
+                    }
+                }
+            }
+            // Per item: 7 degrees of freedom, 24.3 is the 0.999 quantile.
+            let chi = chi_square(&counts, &expected);
+            assert!(chi < 24.3, "{b:?} {kind:?}: chi-square {chi} for {counts:?}");
+        }
+    });
+}
+
+#[test]
+fn evicting_a_trajectory_removes_exactly_its_items() {
+    each(|b| {
+        let pattern = gear_api::ItemPattern::Windows { len: 2, stride: 1, tail: false };
+        let table = b.build(ReplayTable::builder(items_spec(3, 8)).item_pattern(pattern));
+        let mut items = Vec::new();
+        for id in 0..3 {
+            let (traj, _) = write_items(&table, id, 3 + id as u64, &[]);
+            items.push(table.items_of(traj).unwrap().iter().map(|i| i.key).collect::<Vec<_>>());
+        }
+        assert_eq!(table.info().unwrap().size, 2 + 3 + 4, "{b:?}");
+        // A fourth trajectory evicts the first (FIFO), and its two items
+        // with it: nothing else.
+        let (newest, _) = write_items(&table, 3, 4, &[]);
+        let newest_items: Vec<SlotKey> = table.items_of(newest).unwrap().iter().map(|i| i.key).collect();
+        let info = table.info().unwrap();
+        assert_eq!((info.size, info.evictions), (3 + 4 + 3, 1), "{b:?}");
+        let mut drawn: Vec<SlotKey> =
+            b.sample(&table, SampleConfig::new(512, WindowSpec::first(2)), 1).remove(0).keys.to_vec();
+        drawn.sort_unstable();
+        drawn.dedup();
+        let mut live: Vec<SlotKey> = items[1..].iter().flatten().copied().chain(newest_items).collect();
+        live.sort_unstable();
+        assert_eq!(drawn, live, "{b:?}: exactly the surviving items are drawn");
+        // The evicted items' keys are stale; every surviving one applies.
+        let updates: Vec<(SlotKey, f64)> = items.iter().flatten().map(|&k| (k, 2.0)).collect();
+        assert_eq!(table.update_priorities(&updates).unwrap(), 3 + 4, "{b:?}");
+    });
+}
