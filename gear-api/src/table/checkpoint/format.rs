@@ -9,8 +9,11 @@ use std::path::Path;
 
 /// First eight bytes of every checkpoint.
 pub const MAGIC: [u8; 8] = *b"GEARCKPT";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes (2: items). It reads this one and
+/// every older one down to [`OLDEST_VERSION`].
+pub const VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// Bytes before the first chunk: magic, version, reserved.
 pub(super) const PREAMBLE_BYTES: usize = 16;
 /// Chunk header: tag (u32) and payload length (u64).
@@ -18,6 +21,10 @@ pub(super) const CHUNK_HEADER_BYTES: usize = 12;
 /// Bytes of one trajectory record's fixed part: slot, generation, length,
 /// priority, times sampled, insert sequence.
 pub(super) const RECORD_BYTES: usize = 40;
+/// Bytes of one item record: slot, slot generation, index in the slot,
+/// item generation, start, length (u32 each), priority (f64), times
+/// sampled (u64).
+pub(super) const ITEM_RECORD_BYTES: usize = 40;
 /// Data chunks are cut once they hold this much (a single trajectory
 /// larger than this gets a chunk of its own).
 pub(super) const CHUNK_TARGET: usize = 4 << 20;
@@ -29,6 +36,7 @@ pub(super) enum Tag {
     Data = 2,
     Strategy = 3,
     End = 4,
+    Items = 5,
 }
 
 impl Tag {
@@ -38,6 +46,7 @@ impl Tag {
             2 => Tag::Data,
             3 => Tag::Strategy,
             4 => Tag::End,
+            5 => Tag::Items,
             _ => return None,
         })
     }
@@ -61,16 +70,19 @@ pub(super) fn preamble() -> [u8; PREAMBLE_BYTES] {
     p
 }
 
-/// Checks a preamble: the magic, then the version.
-pub(super) fn check_preamble(path: &Path, p: &[u8; PREAMBLE_BYTES]) -> Result<()> {
+/// Checks a preamble: the magic, then the version. Returns the version.
+pub(super) fn check_preamble(path: &Path, p: &[u8; PREAMBLE_BYTES]) -> Result<u32> {
     if p[..8] != MAGIC {
         return Err(problem(path, "not a GEAR checkpoint (its first bytes are not the GEARCKPT magic)"));
     }
     let version = u32::from_le_bytes([p[8], p[9], p[10], p[11]]);
-    if version != VERSION {
-        return Err(problem(path, format!("format version {version}, this build reads version {VERSION} only")));
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
+        return Err(problem(
+            path,
+            format!("format version {version}, this build reads versions {OLDEST_VERSION} to {VERSION}"),
+        ));
     }
-    Ok(())
+    Ok(version)
 }
 
 /// Writes one chunk: header, payload, CRC-32 of both. Returns the bytes

@@ -17,7 +17,10 @@
 //! seqlock check samplers use: a trajectory evicted between the snapshot and its
 //! copy is left out and counted in [`CheckpointReport::dropped`] (a
 //! restore skips it in the strategies' state too), so what is restored is
-//! the table at the snapshot less those evictions. Slots being written or
+//! the table at the snapshot less those evictions. The items of the
+//! trajectories written are written after them (their windows do not
+//! change while their trajectory stays, so the snapshot's copy of their
+//! records is theirs), with keys, priorities and times sampled. Slots being written or
 //! retiring are not part of a checkpoint.
 //!
 //! # Crash consistency
@@ -29,7 +32,7 @@
 //! keeps the last N; [`latest_checkpoint`] finds the newest and never takes
 //! a temporary file for one.
 //!
-//! # Format (version 1)
+//! # Format (version 2; version 1 files, which have no items, are read too)
 //! All integers little-endian. A 16-byte preamble: the magic `GEARCKPT`,
 //! the format version (u32), 4 reserved bytes. Then chunks, each
 //! `tag: u32, len: u64, payload: [u8; len], crc: u32`, where `crc` is the
@@ -39,8 +42,9 @@
 //! | --- | --- | --- |
 //! | 1 | header (first) | spec (u32 length, `TableSpec::encode` bytes), seed, Unix time in ms, the counters inserts, samples, evictions, retired, reclaimed, next insert sequence, bytes written (u64 each), trajectories in the snapshot (u64), sampler and remover names (u16 length, UTF-8) |
 //! | 2 | data | whole trajectory records, back to back: slot (u32), generation (u32), length `k` (u64), priority (f64), times sampled (u64), insert sequence (u64), then for each column in spec order its `k * step_bytes` bytes (the table's own layout of one slot, cut at `k`) |
+//! | 5 | items (after the data chunks, version 2) | item records, back to back: slot (u32), the slot's generation (u32), index of the item in its slot (u32), item generation (u32), start (u32), length (u32), priority (f64), times sampled (u64), for the live items of the trajectories written |
 //! | 3 | strategy | role (u8: 0 sampler, 1 remover), name (u16 length, UTF-8), the state `export_state` wrote (the rest) |
-//! | 4 | end (last) | trajectories written (u64), trajectory bytes written (u64) |
+//! | 4 | end (last) | trajectories written (u64), trajectory bytes written (u64), and from version 2 items written (u64) |
 //!
 //! Data chunks are cut near 4 MiB. A reader checks every checksum (the
 //! restore reads trajectory bytes straight into their slots and drops the
@@ -76,6 +80,9 @@ pub struct CheckpointReport {
     pub path: PathBuf,
     /// Trajectories written.
     pub trajectories: u64,
+    /// Items written (those of the trajectories written; 0 for a table
+    /// without items).
+    pub items: u64,
     /// Committed trajectories of the snapshot that were evicted (or
     /// overwritten) before their bytes were copied, and so left out.
     pub dropped: u64,

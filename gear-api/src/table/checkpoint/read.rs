@@ -6,11 +6,12 @@
 //! it: never a half-loaded table).
 
 use super::format::{
-    self, check_preamble, problem, ChunkReader, Fields, Tag, CHUNK_TARGET, PREAMBLE_BYTES, RECORD_BYTES,
+    self, check_preamble, problem, ChunkReader, Fields, Tag, CHUNK_TARGET, ITEM_RECORD_BYTES, PREAMBLE_BYTES,
+    RECORD_BYTES,
 };
 use crate::error::Result;
 use crate::table::ReplayTable;
-use gear_core::{check_priority, MemoryKind, MemoryRegion, SlotKey, TableSpec};
+use gear_core::{check_priority, item_index, ItemState, MemoryKind, MemoryRegion, SlotKey, TableSpec};
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -61,7 +62,7 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         std::io::ErrorKind::UnexpectedEof => problem(path, "truncated: shorter than the 16-byte preamble"),
         _ => format::io(path, "read")(e),
     })?;
-    check_preamble(path, &preamble)?;
+    let version = check_preamble(path, &preamble)?;
     advise_sequential(&file);
     let mut chunks = ChunkReader::new(file, path);
     let (tag, payload) = chunks.next(1 << 24)?;
@@ -87,7 +88,7 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     let capacity = spec.capacity();
     let owner = u64::from(sh.lease.token());
     let data_limit = (CHUNK_TARGET.max(RECORD_BYTES + layout.slot_stride() as usize)) as u64;
-    let strategy_limit = capacity.saturating_mul(16).saturating_add(1 << 16);
+    let strategy_limit = capacity.max(spec.item_capacity()).saturating_mul(16).saturating_add(1 << 16);
     // Held for the whole restore: no process that attaches meanwhile sees
     // a table half restored.
     let mut l = sh.lock(None)?;
@@ -96,7 +97,11 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         return Err(problem(path, "a checkpoint is restored only into a freshly built table"));
     }
     let mut seen = vec![false; capacity as usize];
-    let (mut restored, mut data_bytes, mut max_seq) = (0u64, 0u64, 0u64);
+    // The restored trajectory of each slot, and its length (items are
+    // checked against them).
+    let mut restored_slots: Vec<Option<(u32, u64)>> = vec![None; capacity as usize];
+    let mut items_seen = vec![false; spec.item_capacity() as usize];
+    let (mut restored, mut data_bytes, mut max_seq, mut items) = (0u64, 0u64, 0u64, 0u64);
     let mut states: Vec<(u8, String, Vec<u8>)> = Vec::new();
     loop {
         let (tag, len) = chunks.begin(data_limit.max(strategy_limit))?;
@@ -105,10 +110,20 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
                 // Read straight into the slots; a checksum that then fails
                 // drops the table with them.
                 while chunks.left() > 0 {
-                    let (seq, bytes) = restore_record(table, &mut chunks, &step_bytes, &mut seen, owner)?;
+                    let (key, len, seq, bytes) = restore_record(table, &mut chunks, &step_bytes, &mut seen, owner)?;
+                    restored_slots[key.slot as usize] = Some((key.generation, len));
                     restored += 1;
                     data_bytes += bytes;
                     max_seq = max_seq.max(seq);
+                }
+                chunks.finish()?;
+            }
+            Tag::Items => {
+                while chunks.left() > 0 {
+                    let mut record = [0u8; ITEM_RECORD_BYTES];
+                    chunks.part(&mut record)?;
+                    restore_item(table, &record, &restored_slots, &mut items_seen).map_err(|p| problem(path, p))?;
+                    items += 1;
                 }
                 chunks.finish()?;
             }
@@ -126,6 +141,13 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
                     Tag::End => {
                         let count = f.u64().map_err(|p| problem(path, p))?;
                         let bytes = f.u64().map_err(|p| problem(path, p))?;
+                        let item_count = if version >= 2 { f.u64().map_err(|p| problem(path, p))? } else { 0 };
+                        if item_count != items {
+                            return Err(problem(
+                                path,
+                                format!("corrupted: the end chunk counts {item_count} items, the file held {items}"),
+                            ));
+                        }
                         if (count, bytes) != (restored, data_bytes) || restored > header.snapshot {
                             return Err(problem(
                                 path,
@@ -186,15 +208,60 @@ fn advise_sequential(file: &File) {
     let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
 }
 
+/// Restores one item record into its slot's records, live, after its
+/// trajectory was restored. An item of a trajectory the file does not
+/// hold is refused (the writer writes only the items of the trajectories
+/// it wrote), as are windows past the trajectory's steps, indices past the
+/// table's items, duplicates and bad priorities.
+fn restore_item(
+    table: &ReplayTable,
+    record: &[u8; ITEM_RECORD_BYTES],
+    restored: &[Option<(u32, u64)>],
+    seen: &mut [bool],
+) -> std::result::Result<(), String> {
+    let sh = &table.shared;
+    let mut f = Fields::new(record, "item record");
+    let (slot, slot_generation, j, generation) = (f.u32()?, f.u32()?, f.u32()?, f.u32()?);
+    let (start, len) = (u64::from(f.u32()?), u64::from(f.u32()?));
+    let priority = f64::from_bits(f.u64()?);
+    let times_sampled = f.u64()?;
+    let per_slot = sh.items_per_slot;
+    if j >= per_slot {
+        return Err(format!("corrupted: item {j} of slot {slot}, the table keeps {per_slot} per trajectory"));
+    }
+    match restored.get(slot as usize) {
+        Some(Some((g, n))) if *g == slot_generation => {
+            if len == 0 || start + len > *n {
+                return Err(format!("corrupted: item {j} of slot {slot} spans steps {start}..{} of {n}", start + len));
+            }
+        }
+        _ => {
+            return Err(format!(
+                "corrupted: item {j} names trajectory {slot}@{slot_generation}, which the file does not hold"
+            ))
+        }
+    }
+    let index = item_index(slot, j, per_slot);
+    match seen.get_mut(index as usize) {
+        Some(s) if !*s => *s = true,
+        _ => return Err(format!("corrupted: item {j} of slot {slot} appears twice")),
+    }
+    check_priority(priority).map_err(|e| format!("corrupted: item {j} of slot {slot}: {e}"))?;
+    let rec = &sh.region.items_of(slot)[j as usize];
+    let key = rec.fill_as(index, generation, slot_generation, start, len, priority, ItemState::Live);
+    rec.set_times_sampled(key, times_sampled);
+    Ok(())
+}
+
 /// Restores one trajectory record of the data chunk being read into its
-/// slot. Returns its insert sequence and data bytes.
+/// slot. Returns its key, length, insert sequence and data bytes.
 fn restore_record<R: Read>(
     table: &ReplayTable,
     chunks: &mut ChunkReader<'_, R>,
     step_bytes: &[usize],
     seen: &mut [bool],
     owner: u64,
-) -> Result<(u64, u64)> {
+) -> Result<(SlotKey, u64, u64, u64)> {
     let region = &table.shared.region;
     let path = chunks.path();
     let mut fixed = [0u8; RECORD_BYTES];
@@ -231,5 +298,5 @@ fn restore_record<R: Read>(
     rec.publish_len(key, len)?;
     rec.commit(key)?;
     rec.set_times_sampled(key, times_sampled);
-    Ok((insert_seq, total))
+    Ok((key, len, insert_seq, total))
 }

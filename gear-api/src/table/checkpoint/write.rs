@@ -2,11 +2,11 @@
 //! trajectory bytes copied with the seqlock check and streamed to a
 //! temporary file that is fsynced and renamed into place.
 
-use super::format::{self, put_string, write_chunk, Tag, CHUNK_TARGET, RECORD_BYTES};
+use super::format::{self, put_string, write_chunk, Tag, CHUNK_TARGET, ITEM_RECORD_BYTES, RECORD_BYTES};
 use super::CheckpointReport;
 use crate::error::{Error, Result};
 use crate::table::ReplayTable;
-use gear_core::{SlotMeta, SlotState};
+use gear_core::{item_index, ItemMeta, ItemState, SlotKey, SlotMeta, SlotState};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,6 +18,9 @@ struct Snapshot {
     /// Committed slots, oldest insert first (sorted after the lock is
     /// given back).
     slots: Vec<SlotMeta>,
+    /// The live items of those slots, with their slot's key and their
+    /// index in it.
+    items: Vec<(SlotKey, u32, ItemMeta)>,
     /// (role, name, state) of the sampler and the remover.
     strategies: Vec<(u8, String, Vec<u8>)>,
     header: Vec<u8>,
@@ -37,6 +40,16 @@ fn take_snapshot(table: &ReplayTable) -> Result<(Snapshot, std::time::Duration)>
         .map(|(s, rec)| rec.meta(s as u32))
         .filter(|m| m.state == SlotState::Committed)
         .collect();
+    let per_slot = sh.items_per_slot;
+    let mut items = Vec::new();
+    for m in &slots {
+        for (j, rec) in sh.region.items_of(m.key.slot).iter().enumerate() {
+            let item = rec.meta(item_index(m.key.slot, j as u32, per_slot));
+            if item.state == ItemState::Live && item.belongs_to(m.key, m.len) {
+                items.push((m.key, j as u32, item));
+            }
+        }
+    }
     let mut strategies = Vec::with_capacity(2);
     for (role, sel) in [(0u8, &l.local.sampler), (1u8, &l.local.remover)] {
         let mut state = Vec::new();
@@ -66,7 +79,7 @@ fn take_snapshot(table: &ReplayTable) -> Result<(Snapshot, std::time::Duration)>
     put_string(&mut header, &strategies[0].1);
     put_string(&mut header, &strategies[1].1);
     drop(l);
-    Ok((Snapshot { slots, strategies, header }, locked.elapsed()))
+    Ok((Snapshot { slots, items, strategies, header }, locked.elapsed()))
 }
 
 /// Writes the checkpoint of `table` to `path`; see the module doc.
@@ -82,7 +95,7 @@ pub(super) fn write_checkpoint(table: &ReplayTable, path: &Path) -> Result<Check
         sync_directory(path)?;
         Ok(counts)
     });
-    let (trajectories, data_bytes, file_bytes) = match written {
+    let (trajectories, items, data_bytes, file_bytes) = match written {
         Ok(counts) => counts,
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -92,6 +105,7 @@ pub(super) fn write_checkpoint(table: &ReplayTable, path: &Path) -> Result<Check
     Ok(CheckpointReport {
         path: path.to_owned(),
         trajectories,
+        items,
         dropped: snapshot.slots.len() as u64 - trajectories,
         data_bytes,
         file_bytes,
@@ -119,9 +133,10 @@ fn sync_directory(path: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(format::io(dir, "fsync the directory"))
 }
 
-/// Streams the snapshot's trajectories to `file` and fsyncs it. Returns
-/// (trajectories, data bytes, file bytes).
-fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) -> Result<(u64, u64, u64)> {
+/// Streams the snapshot's trajectories, then the items of those written,
+/// to `file` and fsyncs it. Returns (trajectories, items, data bytes, file
+/// bytes).
+fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) -> Result<(u64, u64, u64, u64)> {
     let region = &table.shared.region;
     let layout = region.layout();
     let columns = layout.columns();
@@ -143,6 +158,7 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
     // same race: the copy goes on from the newest, backwards, and meets the
     // front half way instead of trailing it.
     let (mut lo, mut hi, mut overtaken) = (0usize, snapshot.slots.len(), false);
+    let mut written: std::collections::HashSet<SlotKey> = std::collections::HashSet::new();
     while lo < hi {
         let m = if overtaken {
             hi -= 1;
@@ -186,6 +202,7 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
         if intact {
             trajectories += 1;
             data_bytes += bytes as u64;
+            written.insert(m.key);
         } else {
             used = start;
             overtaken = true;
@@ -193,6 +210,31 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
     }
     if used > 0 {
         file_bytes += write_chunk(&mut file, Tag::Data, &buf[..used]).map_err(format::io(tmp, "write"))?;
+    }
+    // The items of the trajectories written (an item's window is fixed
+    // while its trajectory stays: the snapshot's records are the items').
+    let mut items = 0u64;
+    used = 0;
+    for (key, j, item) in snapshot.items.iter().filter(|(key, ..)| written.contains(key)) {
+        if used + ITEM_RECORD_BYTES > buf.len() {
+            file_bytes += write_chunk(&mut file, Tag::Items, &buf[..used]).map_err(format::io(tmp, "write"))?;
+            used = 0;
+        }
+        let r = &mut buf[used..used + ITEM_RECORD_BYTES];
+        r[0..4].copy_from_slice(&key.slot.to_le_bytes());
+        r[4..8].copy_from_slice(&key.generation.to_le_bytes());
+        r[8..12].copy_from_slice(&j.to_le_bytes());
+        r[12..16].copy_from_slice(&item.key.item_generation().to_le_bytes());
+        // Windows of a table with items fit 32 bits (its spec says so).
+        r[16..20].copy_from_slice(&(item.start as u32).to_le_bytes());
+        r[20..24].copy_from_slice(&(item.len as u32).to_le_bytes());
+        r[24..32].copy_from_slice(&item.priority.to_bits().to_le_bytes());
+        r[32..40].copy_from_slice(&item.times_sampled.to_le_bytes());
+        used += ITEM_RECORD_BYTES;
+        items += 1;
+    }
+    if used > 0 {
+        file_bytes += write_chunk(&mut file, Tag::Items, &buf[..used]).map_err(format::io(tmp, "write"))?;
     }
     drop(buf);
     for (role, name, state) in &snapshot.strategies {
@@ -202,10 +244,11 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
         payload.extend_from_slice(state);
         file_bytes += write_chunk(&mut file, Tag::Strategy, &payload).map_err(format::io(tmp, "write"))?;
     }
-    let mut end = [0u8; 16];
+    let mut end = [0u8; 24];
     end[..8].copy_from_slice(&trajectories.to_le_bytes());
-    end[8..].copy_from_slice(&data_bytes.to_le_bytes());
+    end[8..16].copy_from_slice(&data_bytes.to_le_bytes());
+    end[16..].copy_from_slice(&items.to_le_bytes());
     file_bytes += write_chunk(&mut file, Tag::End, &end).map_err(format::io(tmp, "write"))?;
     file.sync_all().map_err(format::io(tmp, "fsync"))?;
-    Ok((trajectories, data_bytes, file_bytes))
+    Ok((trajectories, items, data_bytes, file_bytes))
 }
