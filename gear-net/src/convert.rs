@@ -156,7 +156,7 @@ pub fn spec_from_proto(reply: &proto::SpecReply) -> crate::Result<TableSpec> {
         .iter()
         .map(|c| Ok(ColumnSpec::new(c.name.clone(), DType::from_name(&c.dtype)?, c.shape.clone())))
         .collect::<gear_core::Result<Vec<_>>>()?;
-    Ok(TableSpec::new(columns, reply.max_len, reply.capacity)?)
+    Ok(TableSpec::new(columns, reply.max_len, reply.capacity)?.with_items_per_trajectory(reply.items_per_trajectory)?)
 }
 
 #[cfg(test)]

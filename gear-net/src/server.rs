@@ -188,6 +188,7 @@ impl Shard for ShardService {
             }),
             alpha: if prioritized { self.strategy.params.alpha } else { 0.0 },
             beta: if prioritized { self.strategy.params.beta } else { 0.0 },
+            items_per_trajectory: spec.items_per_trajectory(),
         }))
     }
 

@@ -553,7 +553,9 @@ impl ClusterClient {
                 .filter(|&r| {
                     let at = (place.generation_base() + 8 * r as u64) as usize;
                     let word = u64::from_le_bytes(buffer_bytes(region)[at..at + 8].try_into().unwrap_or([0; 8]));
-                    generation_of(word) != rows[r].key.generation
+                    // The slot's generation the shard drew the row with
+                    // (an item's trajectory's, for an item).
+                    rows[r].range().is_none_or(|range| generation_of(word) != range.generation)
                 })
                 .collect();
             if torn.is_empty() {

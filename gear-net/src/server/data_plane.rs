@@ -165,6 +165,7 @@ impl ShardService {
                     lens: r.columns.iter().map(|c| c.end - c.start).collect(),
                     generation_offset: r.generation_offset,
                     dst_step: r.window.dst_step,
+                    generation: r.generation,
                 })
                 .collect(),
         }))
