@@ -285,6 +285,7 @@ impl Writer {
             unflushed_bytes: 0,
             published: 0,
             items: 0,
+            own_items: false,
             done: false,
         })
     }
@@ -309,6 +310,10 @@ pub struct Trajectory {
     published: u64,
     /// Items added with [`Trajectory::add_item`] (the next one's record).
     items: u32,
+    /// Whether the writer chose the items itself ([`Trajectory::add_item`]
+    /// or [`Trajectory::add_items`], even of no window): the table's
+    /// pattern then does not apply.
+    own_items: bool,
     done: bool,
 }
 
@@ -357,15 +362,19 @@ impl Trajectory {
             priority,
         )?;
         self.items += 1;
+        self.own_items = true;
         Ok(key)
     }
 
     /// [`Trajectory::add_item`] of each window `pattern` gives the steps
     /// written so far (for example at the end of an episode), each with
-    /// `priority`. Returns the items' keys; on an error, those added
-    /// before it stay.
+    /// `priority`. The trajectory's items are then the writer's, even
+    /// when the pattern gives none (the table's pattern does not apply).
+    /// Returns the items' keys; on an error, those added before it stay.
     pub fn add_items(&mut self, pattern: ItemPattern, priority: Option<f64>) -> Result<Vec<SlotKey>> {
+        self.table.shared.check_has_items("add items")?;
         pattern.validate()?;
+        self.own_items = true;
         let room = self.table.shared.items_per_slot.saturating_sub(self.items);
         crate::table::items::check_pattern_fits(&pattern, self.published, room)?;
         pattern.windows(self.published).map(|(start, len)| self.add_item(start, len, priority)).collect()
@@ -461,7 +470,7 @@ impl Trajectory {
             return Err(Error::Trajectory("an empty trajectory cannot be committed".into()));
         }
         let sh = &self.table.shared;
-        if sh.items_per_slot > 0 && self.items == 0 {
+        if sh.items_per_slot > 0 && !self.own_items {
             // Checked before the commit, so a trajectory the table's
             // pattern cannot cover stays open instead of being lost.
             crate::table::items::check_pattern_fits(&sh.item_pattern(), self.published, sh.items_per_slot)?;
@@ -470,7 +479,7 @@ impl Trajectory {
         // it has already been given back.
         self.done = true;
         self.flush_bytes();
-        self.table.commit_slot(self.key, self.priority, self.timeout)?;
+        self.table.commit_slot(self.key, self.priority, self.timeout, !self.own_items)?;
         Ok(self.key)
     }
 }

@@ -244,3 +244,15 @@ fn a_pattern_with_more_items_than_records_leaves_the_trajectory_open() {
     t.end().unwrap();
     assert_eq!(table.info().unwrap().size, 1);
 }
+
+#[test]
+fn a_writer_that_chooses_no_items_gets_none_not_the_pattern() {
+    let table = ReplayTable::builder(spec(8, 2, 8)).build().unwrap();
+    let mut t = table.writer().begin(None).unwrap();
+    t.append_column("step", 1, StepValue::typed(&[5i32])).unwrap();
+    // One step has no transition: the writer's choice is no item.
+    assert!(t.add_items(ItemPattern::Transitions { n_step: 1 }, None).unwrap().is_empty());
+    let traj = t.end().unwrap();
+    assert!(table.items_of(traj).unwrap().is_empty(), "the table's Whole pattern did not apply");
+    assert_eq!(table.info().unwrap().size, 0);
+}

@@ -8,6 +8,7 @@
 //! seed = 0
 //! sample_while_writing = false
 //! # max_times_sampled = 1
+//! # items_per_trajectory = 128   # rows are items: windows of stored trajectories
 //!
 //! [[columns]]
 //! name = "obs"
@@ -26,6 +27,13 @@
 //!
 //! [remover]
 //! kind = "fifo"
+//!
+//! [items]                        # with items_per_trajectory: what a trajectory
+//! pattern = "windows"            # committed without items gets: whole (the
+//! len = 80                       # default), none, windows (len, stride, tail)
+//! stride = 40                    # or transitions (n_step)
+//! tail = false
+//! # n_step = 3
 //!
 //! [rate_limiter]                 # optional; Reverb's semantics
 //! min_size_to_sample = 64
@@ -48,7 +56,7 @@
 //! ```
 
 use gear_api::{Error, Result};
-use gear_api::{PoolConfig, RateLimiterConfig, ReplayTable, TableBuilder};
+use gear_api::{ItemPattern, PoolConfig, RateLimiterConfig, ReplayTable, TableBuilder};
 use gear_core::{ColumnSpec, DType, TableSpec};
 use gear_sampler::{StrategyKind, StrategyParams};
 use serde::Deserialize;
@@ -72,8 +80,14 @@ pub struct TableConfig {
     /// Let samplers draw trajectories still being written.
     #[serde(default)]
     pub sample_while_writing: bool,
-    /// Remove a trajectory after this many samples.
+    /// Remove a trajectory (an item) after this many samples.
     pub max_times_sampled: Option<u64>,
+    /// Items per trajectory: the rows are items, windows of the stored
+    /// trajectories with priorities of their own (default 0: none).
+    #[serde(default)]
+    pub items_per_trajectory: u64,
+    /// The items a trajectory committed without items of its own gets.
+    pub items: Option<ItemsConfig>,
     /// The columns, in storage order.
     pub columns: Vec<ColumnConfig>,
     /// The sampling strategy (default uniform).
@@ -117,6 +131,70 @@ pub struct StrategyConfig {
 impl Default for StrategyConfig {
     fn default() -> Self {
         StrategyConfig { kind: "uniform".into(), alpha: None, beta: None, stratified: None }
+    }
+}
+
+/// The item pattern of a table with items.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ItemsConfig {
+    /// `whole`, `none`, `windows` or `transitions`.
+    pub pattern: String,
+    /// Steps per window (`windows`).
+    pub len: Option<u64>,
+    /// Steps between window starts (`windows`).
+    pub stride: Option<u64>,
+    /// Whether the shorter last window is made (`windows`, default false).
+    pub tail: Option<bool>,
+    /// Steps of the return (`transitions`, default 1).
+    pub n_step: Option<u64>,
+}
+
+impl ItemsConfig {
+    /// The pattern, each key checked against it.
+    pub fn pattern(&self) -> Result<ItemPattern> {
+        let unused = |keys: &[(&str, bool)]| -> Result<()> {
+            match keys.iter().find(|(_, given)| *given) {
+                Some((key, _)) => {
+                    Err(Error::Config(format!("items.{key} does not apply to pattern `{}`", self.pattern)))
+                }
+                None => Ok(()),
+            }
+        };
+        let (len, stride, tail, n) =
+            (self.len.is_some(), self.stride.is_some(), self.tail.is_some(), self.n_step.is_some());
+        let pattern = match self.pattern.as_str() {
+            "whole" | "none" => {
+                unused(&[("len", len), ("stride", stride), ("tail", tail), ("n_step", n)])?;
+                if self.pattern == "whole" {
+                    ItemPattern::Whole
+                } else {
+                    ItemPattern::None
+                }
+            }
+            "windows" => {
+                unused(&[("n_step", n)])?;
+                let need = |v: Option<u64>, key: &str| {
+                    v.ok_or_else(|| Error::Config(format!("items.{key} is needed by pattern `windows`")))
+                };
+                ItemPattern::Windows {
+                    len: need(self.len, "len")?,
+                    stride: need(self.stride, "stride")?,
+                    tail: self.tail.unwrap_or(false),
+                }
+            }
+            "transitions" => {
+                unused(&[("len", len), ("stride", stride), ("tail", tail)])?;
+                ItemPattern::Transitions { n_step: self.n_step.unwrap_or(1) }
+            }
+            other => {
+                return Err(Error::Config(format!(
+                    "items.pattern `{other}` is unknown (expected whole, none, windows or transitions)"
+                )))
+            }
+        };
+        pattern.validate().map_err(|e| Error::Config(format!("items: {e}")))?;
+        Ok(pattern)
     }
 }
 
@@ -172,7 +250,8 @@ impl TableConfig {
             .iter()
             .map(|c| Ok(ColumnSpec::new(c.name.clone(), DType::from_name(&c.dtype)?, c.shape.clone())))
             .collect::<Result<Vec<_>>>()?;
-        Ok(TableSpec::new(columns, self.max_len, self.capacity)?)
+        Ok(TableSpec::new(columns, self.max_len, self.capacity)?
+            .with_items_per_trajectory(self.items_per_trajectory)?)
     }
 
     /// The sampling strategy and its parameters.
@@ -200,6 +279,11 @@ impl TableConfig {
         }
         if let Some(n) = self.max_times_sampled {
             b = b.max_times_sampled(n);
+        }
+        match (&self.items, self.items_per_trajectory) {
+            (Some(_), 0) => return Err(Error::Config("[items] needs items_per_trajectory".into())),
+            (Some(items), _) => b = b.item_pattern(items.pattern()?),
+            (None, _) => {}
         }
         if let Some(l) = &self.rate_limiter {
             b = match (l.queue, l.samples_per_insert) {
@@ -277,6 +361,34 @@ error_buffer = 16.0
         assert!(e("port = 256").contains("port"), "{}", e("port = 256"));
         assert!(e("gid_index = -1").contains("gid_index"), "{}", e("gid_index = -1"));
         assert!(e("gid = 3").contains("unknown field `gid`"), "{}", e("gid = 3"));
+    }
+
+    #[test]
+    fn items_parse_into_a_spec_and_a_pattern() {
+        let text = format!(
+            "items_per_trajectory = 16\n{EXAMPLE}[items]\npattern = \"windows\"\nlen = 4\nstride = 2\ntail = true\n"
+        );
+        let c = TableConfig::parse(&text).unwrap();
+        assert_eq!(c.spec().unwrap().items_per_trajectory(), 16);
+        assert_eq!(
+            c.items.as_ref().unwrap().pattern().unwrap(),
+            ItemPattern::Windows { len: 4, stride: 2, tail: true }
+        );
+        c.builder().unwrap();
+        let dqn = format!("items_per_trajectory = 16\n{EXAMPLE}[items]\npattern = \"transitions\"\nn_step = 3\n");
+        assert_eq!(
+            TableConfig::parse(&dqn).unwrap().items.unwrap().pattern().unwrap(),
+            ItemPattern::Transitions { n_step: 3 }
+        );
+        let e = |t: String| TableConfig::parse(&t).and_then(|c| c.builder().map(|_| ())).unwrap_err().to_string();
+        assert!(e(format!("{EXAMPLE}[items]\npattern = \"whole\"\n")).contains("needs items_per_trajectory"));
+        let with = |items: &str| format!("items_per_trajectory = 16\n{EXAMPLE}[items]\n{items}\n");
+        assert!(e(with("pattern = \"windows\"\nlen = 4")).contains("items.stride is needed"));
+        assert!(e(with("pattern = \"whole\"\nlen = 4")).contains("items.len does not apply"));
+        assert!(e(with("pattern = \"sliding\"")).contains("items.pattern `sliding` is unknown"));
+        assert!(e(with("pattern = \"transitions\"\nn_step = 0")).contains("n_step of at least 1"));
+        let too_many = format!("items_per_trajectory = 1000000000\n{EXAMPLE}");
+        assert!(e(too_many).contains("items per trajectory"));
     }
 
     #[test]

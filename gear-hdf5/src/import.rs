@@ -81,11 +81,29 @@ pub(crate) fn run(
             plan.trajectories
         )));
     }
+    let per_trajectory = table.spec().items_per_trajectory();
+    if let Some(pattern) = &options.items {
+        if per_trajectory == 0 {
+            return Err(Error::Options(
+                "items were asked for, but the table has none (TableSpec::with_items_per_trajectory)".into(),
+            ));
+        }
+        pattern.validate().map_err(|e| Error::Options(e.to_string()))?;
+        let longest = plan.windows.iter().flat_map(|w| w.trajectories.iter().map(|t| t.1)).max().unwrap_or(0);
+        let most = (1..=longest).map(|len| pattern.count(len)).max().unwrap_or(0);
+        if most > per_trajectory {
+            return Err(Error::Options(format!(
+                "{pattern:?} makes up to {most} items of a trajectory, the table keeps {per_trajectory} per trajectory"
+            )));
+        }
+    }
     if options.verify {
         pass(&source, &plan, None, options, progress)?;
     }
     let before = table.info().map_err(Error::table)?.evictions;
+    let items_before = table.info().map_err(Error::table)?.inserts;
     pass(&source, &plan, Some(table), options, progress)?;
+    let items = if per_trajectory > 0 { table.info().map_err(Error::table)?.inserts - items_before } else { 0 };
     let after = table.info().map_err(Error::table)?.evictions;
     let spec = table.spec();
     Ok(ImportReport {
@@ -104,6 +122,7 @@ pub(crate) fn run(
         unused_datasets: plan.unused,
         dropped_final_observations: plan.dropped_final_observations,
         evicted: after.saturating_sub(before),
+        items,
         elapsed: started.elapsed(),
     })
 }
@@ -397,6 +416,9 @@ fn pass(
                     let s = b.step_bytes;
                     let slice = &bytes[off * s..(off + len as usize) * s];
                     traj.append_column(b.column, len, StepValue::bytes(slice)).map_err(table_err)?;
+                }
+                if let Some(pattern) = options.items {
+                    traj.add_items(pattern, None).map_err(table_err)?;
                 }
                 traj.end().map_err(table_err)?;
                 inserted += 1;

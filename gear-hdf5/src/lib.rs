@@ -149,6 +149,15 @@ pub struct ImportOptions {
     /// 30 s); an import into a table whose limiter holds writers back
     /// fails with the number of trajectories inserted.
     pub timeout: Option<Duration>,
+    /// The items each imported trajectory gets, in a table with items
+    /// (`None`: the table's own pattern). `ItemPattern::Transitions { n }`
+    /// makes one transition item per row that has a next row in its
+    /// trajectory, so observations are stored once and the table's
+    /// `TransitionSampler` serves (obs, next_obs) pairs from them; a file's
+    /// `next_observations` dataset then needs no column (leave it out of
+    /// the spec: it is listed as unused). A trajectory's last row has no
+    /// next row: it gets no transition item.
+    pub items: Option<gear_api::ItemPattern>,
 }
 
 impl Default for ImportOptions {
@@ -161,6 +170,7 @@ impl Default for ImportOptions {
             verify: true,
             window_bytes: 64 << 20,
             timeout: Some(Duration::from_secs(30)),
+            items: None,
         }
     }
 }
@@ -221,6 +231,8 @@ pub struct ImportReport {
     pub dropped_final_observations: u64,
     /// Trajectories already in the table that were evicted to make room.
     pub evicted: u64,
+    /// Items the imported trajectories got (0 in a table without items).
+    pub items: u64,
     /// Time taken.
     pub elapsed: Duration,
 }

@@ -131,3 +131,38 @@ fn a_spec_from_the_file_and_conversions() {
     let t = f.dataset("terminals").unwrap().read_raw().unwrap();
     assert_eq!(t.iter().filter(|&&b| b == 1).count(), 6);
 }
+
+#[test]
+fn transition_items_store_each_observation_once() {
+    let dir = TempDir::new("d4rl-items");
+    let src = dir.join("d4rl.hdf5");
+    write_d4rl(&src);
+    let spec = d4rl_spec(50, 100).with_items_per_trajectory(50).unwrap();
+    let table = ReplayTable::builder(spec).item_pattern(gear_api::ItemPattern::None).build().unwrap();
+    let options =
+        ImportOptions { items: Some(gear_api::ItemPattern::Transitions { n_step: 1 }), ..ImportOptions::default() };
+    let report = gear_hdf5::import(&table, &src, &options).unwrap();
+    // Every row but each trajectory's last has its next row: one item each.
+    assert_eq!(report.items, report.steps - report.trajectories);
+    assert_eq!(table.info().unwrap().size, report.items);
+    let config = gear_api::TransitionConfig::new(64, "observations", "actions", "rewards").done("terminals");
+    let mut sampler = table.transition_sampler(config).unwrap();
+    for _ in 0..10 {
+        let b = sampler.sample().unwrap();
+        let (o, n) = (b.obs("observations").unwrap(), b.next_obs("observations").unwrap());
+        for r in 0..b.rows() {
+            let row: Vec<f32> = o.view.row(r).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let next: Vec<f32> = n.view.row(r).chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let i = row[0] as u64;
+            assert_eq!(row, obs(i), "row {r}");
+            assert_eq!(next, obs(i + 1), "row {r}: the next row of the file");
+            assert_eq!(b.rewards()[r], reward(i));
+            assert_eq!(b.dones()[r], flags(i).0);
+        }
+    }
+    // Asking for items of a table without them is refused before anything.
+    let plain = ReplayTable::builder(d4rl_spec(50, 100)).build().unwrap();
+    let e = gear_hdf5::import(&plain, &src, &options).unwrap_err().to_string();
+    assert!(e.contains("the table has none"), "{e}");
+    assert_eq!(plain.info().unwrap().inserts, 0);
+}

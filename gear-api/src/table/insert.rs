@@ -166,8 +166,16 @@ impl ReplayTable {
     }
 
     /// Commits a written trajectory and makes it selectable. On any error
-    /// the slot is given back, so nothing is left half-inserted.
-    pub(crate) fn commit_slot(&self, key: SlotKey, priority: Option<f64>, timeout: Option<Duration>) -> Result<()> {
+    /// the slot is given back, so nothing is left half-inserted. In a table
+    /// with items, `pattern` says whether a trajectory with no pending
+    /// items gets the table's pattern (its writer chose none otherwise).
+    pub(crate) fn commit_slot(
+        &self,
+        key: SlotKey,
+        priority: Option<f64>,
+        timeout: Option<Duration>,
+        pattern: bool,
+    ) -> Result<()> {
         let mut l = match self.shared.lock(timeout.map(|t| Instant::now() + t)) {
             Ok(l) => l,
             Err(e) => {
@@ -175,7 +183,7 @@ impl ReplayTable {
                 return Err(e);
             }
         };
-        let result = self.commit_locked(&mut l, key, priority);
+        let result = self.commit_locked(&mut l, key, priority, pattern);
         l.wake();
         result
     }
@@ -203,7 +211,7 @@ impl ReplayTable {
             // Rows may already be in the sampler: one at a time.
             let mut result = Ok(());
             for (i, &key) in keys.iter().enumerate() {
-                if let Err(e) = self.commit_locked(&mut l, key, priorities.map(|p| p[i])) {
+                if let Err(e) = self.commit_locked(&mut l, key, priorities.map(|p| p[i]), true) {
                     for &later in &keys[i + 1..] {
                         self.abandon_locked(&mut l, later);
                     }
@@ -290,12 +298,18 @@ impl ReplayTable {
 
     /// Commits one trajectory under the lock; on an error gives its slot
     /// back. The caller wakes waiters.
-    pub(super) fn commit_locked(&self, l: &mut Locked<'_>, key: SlotKey, priority: Option<f64>) -> Result<()> {
+    pub(super) fn commit_locked(
+        &self,
+        l: &mut Locked<'_>,
+        key: SlotKey,
+        priority: Option<f64>,
+        pattern: bool,
+    ) -> Result<()> {
         let ctl = self.shared.region.control();
         let rec = self.shared.region.slot(key.slot)?;
         sub(&ctl.pending_inserts, 1);
         if self.shared.items_per_slot > 0 {
-            return self.commit_items_locked(l, key, priority);
+            return self.commit_items_locked(l, key, priority, pattern);
         }
         let in_sampler = l.local.in_sampler[key.slot as usize] == Some(key);
         let inserted = rec.commit(key).map_err(Error::from).and_then(|()| {

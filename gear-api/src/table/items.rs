@@ -236,17 +236,18 @@ impl Locked<'_> {
 
     /// Makes the items of trajectory `key` (just committed with `len`
     /// steps) selectable: its pending items whose windows lie inside
-    /// those steps, or when it has none the table's pattern over them
-    /// (cut at the items a slot holds when `reclaiming` a dead writer's
-    /// steps, refused otherwise). Items without a priority of their own
-    /// get `priority`. On an error nothing of the trajectory's items is
-    /// left selectable. Returns how many items it got.
+    /// those steps, or when it has none and `pattern` the table's pattern
+    /// over them (cut at the items a slot holds when `reclaiming` a dead
+    /// writer's steps, refused otherwise). Items without a priority of
+    /// their own get `priority`. On an error nothing of the trajectory's
+    /// items is left selectable. Returns how many items it got.
     pub(super) fn activate_items(
         &mut self,
         key: SlotKey,
         len: u64,
         priority: Option<f64>,
         reclaiming: bool,
+        pattern: bool,
     ) -> Result<u64> {
         let sh = self.sh;
         let per_slot = sh.items_per_slot;
@@ -269,7 +270,7 @@ impl Locked<'_> {
                 rec.clear();
             }
         }
-        if !pending {
+        if !pending && pattern {
             if !reclaiming {
                 check_pattern_fits(&sh.item_pattern, len, per_slot)?;
             }
@@ -309,7 +310,7 @@ impl Locked<'_> {
         }
         rec.commit(key)?;
         self.record(Change { key, op: LogOp::Insert, target: target::REMOVER, priority })?;
-        if let Err(e) = self.activate_items(key, len, None, true) {
+        if let Err(e) = self.activate_items(key, len, None, true, true) {
             // The trajectory stays, with no item: the remover evicts it in
             // its turn.
             eprintln!("gear: the items of reclaimed trajectory {key} could not be inserted: {e}");
@@ -322,7 +323,13 @@ impl ReplayTable {
     /// Commits one trajectory of a table with items under the lock: into
     /// the remover, its items into the sampler. On an error its slot is
     /// given back. The caller has taken it off `pending_inserts`.
-    pub(super) fn commit_items_locked(&self, l: &mut Locked<'_>, key: SlotKey, priority: Option<f64>) -> Result<()> {
+    pub(super) fn commit_items_locked(
+        &self,
+        l: &mut Locked<'_>,
+        key: SlotKey,
+        priority: Option<f64>,
+        pattern: bool,
+    ) -> Result<()> {
         let rec = self.shared.region.slot(key.slot)?;
         let committed = rec.commit(key).map_err(Error::from).and_then(|()| {
             let p = l.local.remover.insert(key, priority)?;
@@ -330,7 +337,7 @@ impl ReplayTable {
             l.append_log(Change { key, op: LogOp::Insert, target: target::REMOVER, priority: p });
             rec.set_priority(key, p);
             let len = rec.meta(key.slot).len;
-            if let Err(e) = l.activate_items(key, len, priority, false) {
+            if let Err(e) = l.activate_items(key, len, priority, false, pattern) {
                 let _ = l.record(Change { key, op: LogOp::Remove, target: target::REMOVER, priority: 0.0 });
                 return Err(e);
             }
