@@ -157,6 +157,8 @@ pub(crate) struct Draws {
     step_bytes: u64,
     /// Where random window starts come from, when rows start at random.
     random_starts: Option<Xoshiro256>,
+    /// The table's items per trajectory (0: rows are trajectories).
+    items_per_slot: u32,
 }
 
 impl Draws {
@@ -204,6 +206,7 @@ impl Draws {
             missing: Vec::new(),
             selection,
             random_starts,
+            items_per_slot: table.shared.items_per_slot,
         };
         Ok((draws, meta))
     }
@@ -313,15 +316,25 @@ impl Draws {
         let missing = std::mem::take(&mut self.missing);
         for attempt in 1..=MAX_COPY_ATTEMPTS {
             self.torn.clear();
-            self.torn.extend((0..n).filter(|&r| {
-                let d = &self.draws[r];
-                let key = d.sampled.key;
+            let draws = &self.draws;
+            let missed = |r: usize| attempt == 1 && missing.binary_search(&r).is_ok();
+            if items.is_empty() {
+                self.torn.extend((0..n).filter(|&r| {
+                    let key = draws[r].sampled.key;
+                    missed(r) || !slots[key.slot as usize].read_validate(key)
+                }));
+            } else {
                 // The trajectory's generation, then the item's: a row is
                 // kept only if both are still the ones it was drawn with.
-                (attempt == 1 && missing.binary_search(&r).is_ok())
-                    || !slots[d.slot.slot as usize].read_validate(d.slot)
-                    || (key.is_item() && !items.get(key.slot as usize).is_some_and(|rec| rec.read_validate(key)))
-            }));
+                let per_slot = table.shared.items_per_slot;
+                self.torn.extend((0..n).filter(|&r| {
+                    let (d, key) = (&draws[r], draws[r].sampled.key);
+                    let trajectory = d.trajectory(per_slot);
+                    missed(r)
+                        || !slots.get(trajectory.slot as usize).is_some_and(|rec| rec.read_validate(trajectory))
+                        || (key.is_item() && !items.get(key.slot as usize).is_some_and(|rec| rec.read_validate(key)))
+                }));
+            }
             if self.torn.is_empty() {
                 return Ok(());
             }
@@ -396,7 +409,8 @@ impl Draws {
             Some(rng) if d.len > l => l + rng.below(d.len - l + 1),
             _ => d.len,
         };
-        GatherRow { slot: d.slot.slot, start: d.start, len }
+        let slot = if self.items_per_slot == 0 { d.sampled.key.slot } else { d.trajectory(self.items_per_slot).slot };
+        GatherRow { slot, start: d.start, len }
     }
 }
 

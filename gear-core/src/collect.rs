@@ -16,14 +16,16 @@ use crate::window::WindowSpec;
 /// One batch row: a slot and the sequence of its steps the window applies
 /// to: steps `[start, start + len)`. For a whole trajectory `start` is 0
 /// and `len` the length published when the slot was chosen (later appends
-/// are not read); for an item, its window. The window rule sees a
-/// trajectory of `len` steps, and the copy reads `start` steps further.
+/// are not read); for an item, its window (a table with items keeps its
+/// steps in 32 bits, so `start` has 32 and a row stays 16 bytes). The
+/// window rule sees a trajectory of `len` steps, and the copy reads
+/// `start` steps further.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GatherRow {
     /// Slot index.
     pub slot: u32,
     /// First step of the sequence (0 for a whole trajectory).
-    pub start: u64,
+    pub start: u32,
     /// Steps in the sequence: the stored length `k` the window rule is
     /// applied to.
     pub len: u64,
@@ -37,26 +39,33 @@ impl GatherRow {
     }
 
     /// Where the row's window is: [`WindowSpec::resolve`] of `len`, with
-    /// `src_step` counted from the slot's first step.
+    /// `src_step` counted from the slot's first step (wrapping only for a
+    /// row [`GatherRow::check_len`] refuses).
     #[inline]
     pub fn resolve(&self, window: &WindowSpec) -> crate::window::ResolvedWindow {
         let mut w = window.resolve(self.len);
-        w.src_step = w.src_step.saturating_add(self.start);
+        w.src_step = w.src_step.wrapping_add(u64::from(self.start));
         w
     }
 
     /// Checks the row against a table of `max_len` steps per slot: the
     /// sequence must lie inside the slot.
+    #[inline]
     pub fn check_len(&self, row: usize, max_len: u64) -> Result<()> {
-        if self.start.checked_add(self.len).is_none_or(|end| end > max_len) {
-            return Err(Error::InvalidWindow(format!(
-                "row {row} (slot {}): steps {}..{} exceed the table's maximum trajectory length {max_len}",
-                self.slot,
-                self.start,
-                self.start.saturating_add(self.len)
-            )));
+        match u64::from(self.start).checked_add(self.len) {
+            Some(end) if end <= max_len => Ok(()),
+            _ => Err(self.too_long(row, max_len)),
         }
-        Ok(())
+    }
+
+    #[cold]
+    fn too_long(&self, row: usize, max_len: u64) -> Error {
+        Error::InvalidWindow(format!(
+            "row {row} (slot {}): steps {}..{} exceed the table's maximum trajectory length {max_len}",
+            self.slot,
+            self.start,
+            u64::from(self.start).saturating_add(self.len)
+        ))
     }
 }
 

@@ -468,7 +468,7 @@ impl TransitionCollector {
     fn plan(&self, src: &Source<'_>, row: &GatherRow) -> RowPlan {
         let rule = self.layout.rule;
         let cols = &self.layout.columns;
-        let (slot, t) = (u64::from(row.slot), row.start);
+        let (slot, t) = (u64::from(row.slot), u64::from(row.start));
         let m = (row.len - 1).min(rule.n_step);
         let done = |step: u64| match (cols.done, self.layout.done_dtype) {
             (Some(c), Some(d)) => src.scalar(slot, c, step, d) != 0.0,

@@ -53,7 +53,7 @@ fn reference(spec: &TableSpec, columns: &[usize], rows: &[GatherRow], w: WindowS
                     Pad::Head => j - (l - n),
                 };
                 if (0..n).contains(&idx) {
-                    out[i].extend(pattern(u64::from(row.slot), c, row.start + (start + idx) as u64, s));
+                    out[i].extend(pattern(u64::from(row.slot), c, u64::from(row.start) + (start + idx) as u64, s));
                 } else {
                     out[i].extend(std::iter::repeat_n(0u8, s));
                 }
@@ -107,10 +107,11 @@ fn arb_case() -> impl Strategy<Value = Case> {
             // Whole trajectories and windows starting inside the slot
             // (items): `start + len <= T`.
             let rows = prop::collection::vec((0..cap, 0..=t, 0..=t, any::<bool>()), 0..9).prop_map(move |v| {
+                // `t` is below 24: a start fits the row's 32 bits.
                 v.into_iter()
                     .map(|(slot, a, b, item)| {
                         if item {
-                            GatherRow { slot, start: a.min(b), len: a.max(b) - a.min(b) }
+                            GatherRow { slot, start: a.min(b) as u32, len: a.max(b) - a.min(b) }
                         } else {
                             GatherRow::whole(slot, a)
                         }

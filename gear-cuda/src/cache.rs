@@ -300,7 +300,8 @@ impl<R: MemoryRegion> RowCache for DeviceCache<R> {
                 let current = self.table.slot(row.slot).ok()?.key_state(row.slot).0;
                 // The copy must hold every step the row reads (an item's
                 // window ends `start + len` steps into its slot).
-                (current == e.key && e.len >= row.start.saturating_add(row.len)).then_some(base + i as u64 * stride)
+                (current == e.key && e.len >= u64::from(row.start).saturating_add(row.len))
+                    .then_some(base + i as u64 * stride)
             })
             .collect();
         if cached.iter().all(Option::is_none) {

@@ -116,10 +116,10 @@ pub fn plan_gather(
         row.check_len(r, layout.max_len())?;
         // The kernel reads `start << 32 | len` (an item's window, or a
         // whole trajectory from step 0).
-        if row.start > u64::from(u32::MAX) || row.len > u64::from(u32::MAX) {
+        if row.len > u64::from(u32::MAX) {
             return Err(Error::Unsupported("the device gather reads rows of fewer than 2^32 steps"));
         }
-        words.push(row.start << 32 | row.len);
+        words.push(u64::from(row.start) << 32 | row.len);
         lengths.push(row.resolve(&batch.window()).steps);
     }
     let mut max_row_bytes = 0;

@@ -145,7 +145,7 @@ fn random_case(rng: &mut Xoshiro256) -> GatherCase {
                 0 => GatherRow::whole(slot, rng.below(t + 1)),
                 _ => {
                     let start = rng.below(t + 1);
-                    GatherRow { slot, start, len: rng.below(t - start + 1) }
+                    GatherRow { slot, start: start as u32, len: rng.below(t - start + 1) }
                 }
             }
         })

@@ -128,7 +128,7 @@ impl ReplayTable {
     pub fn window_ranges(
         &self,
         slot: u32,
-        start: u64,
+        start: u32,
         len: u64,
         window: &WindowSpec,
         columns: &[usize],
@@ -184,15 +184,16 @@ impl ReplayTable {
         drawn
             .iter()
             .map(|d| {
-                let (window, columns) = self.window_ranges(d.slot.slot, d.start, d.len, &window, columns)?;
+                let trajectory = d.trajectory(self.shared.items_per_slot);
+                let (window, columns) = self.window_ranges(trajectory.slot, d.start, d.len, &window, columns)?;
                 Ok(RowRanges {
                     key: d.sampled.key,
-                    generation: d.slot.generation,
+                    generation: trajectory.generation,
                     probability: d.sampled.probability,
                     weight: d.sampled.weight,
                     window,
                     columns,
-                    generation_offset: self.generation_offset(d.slot.slot)?,
+                    generation_offset: self.generation_offset(trajectory.slot)?,
                 })
             })
             .collect()

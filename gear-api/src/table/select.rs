@@ -15,25 +15,35 @@ use std::time::Instant;
 /// returning keys the table does not hold.
 pub(super) const STALE_DRAW_ATTEMPTS: usize = 8;
 
-/// One drawn row: the draw, and the steps it reads.
+/// One drawn row: the draw, and the steps it reads (40 bytes: a batch's
+/// rows are copied around on the sampling path).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Drawn {
     /// The draw (its key is an item's in a table with items).
     pub(crate) sampled: Sampled,
-    /// The trajectory whose bytes the row reads (the drawn key itself in a
-    /// table without items), validated after the copy.
-    pub(crate) slot: SlotKey,
-    /// First step of the row's sequence: 0, or the item's start.
-    pub(crate) start: u64,
-    /// Steps of the sequence: the trajectory's published length, or the
-    /// item's length.
+    /// Steps of the row's sequence: the trajectory's published length, or
+    /// the item's length.
     pub(crate) len: u64,
+    /// First step of the sequence: 0, or the item's start.
+    pub(crate) start: u32,
+    /// Generation of the trajectory the row reads (the key's own in a
+    /// table without items), validated after the copy.
+    pub(crate) slot_generation: u32,
 }
 
 impl Drawn {
     /// A drawn trajectory of `len` published steps.
     pub(crate) fn whole(sampled: Sampled, len: u64) -> Self {
-        Drawn { sampled, slot: sampled.key, start: 0, len }
+        Drawn { sampled, len, start: 0, slot_generation: sampled.key.generation }
+    }
+
+    /// The trajectory whose bytes the row reads, in a table of `per_slot`
+    /// items per trajectory: the drawn key itself, or its item's slot.
+    #[inline]
+    pub(crate) fn trajectory(&self, per_slot: u32) -> SlotKey {
+        let key = self.sampled.key;
+        let slot = if key.is_item() && per_slot > 0 { key.slot / per_slot } else { key.slot };
+        SlotKey { slot, generation: self.slot_generation }
     }
 }
 
@@ -343,8 +353,9 @@ fn read_drawn_items(
             let w = rec.read(key)?;
             let slot = SlotKey { slot: key.slot / per_slot, generation: w.slot_generation };
             let published = sh.region.slots()[slot.slot as usize].read_begin(slot)?;
-            (w.len > 0 && w.start.checked_add(w.len).is_some_and(|end| end <= published))
-                .then_some((rec, Drawn { sampled: *s, slot, start: w.start, len: w.len }))
+            // The record's window fits 32 bits (read as two halves of a word).
+            let row = Drawn { sampled: *s, len: w.len, start: w.start as u32, slot_generation: slot.generation };
+            (w.len > 0 && w.start.checked_add(w.len).is_some_and(|end| end <= published)).then_some((rec, row))
         });
         match read {
             Some((rec, row)) => {
