@@ -463,7 +463,9 @@ impl<R: MemoryRegion> TableRegion<R> {
                 // follow the seqlock protocol.
                 unsafe { crate::copy::copy_bytes(src.add(i * per), data.add(slot + base), per) };
             }
-            rec.publish_len(key, steps)?;
+            // Checked current and `Writing` just above, and ours: only
+            // this writer changes the slot's state while it writes.
+            rec.publish_len_of_own(steps);
         }
         Ok(())
     }

@@ -276,6 +276,14 @@ impl SlotRecord {
         Ok(())
     }
 
+    /// [`SlotRecord::publish_len`] for a caller that has just checked that
+    /// its key is current and `Writing` and owns the slot (nobody else
+    /// changes the state of a slot being written but its writer).
+    #[inline]
+    pub(crate) fn publish_len_of_own(&self, len: u64) {
+        self.len.store(len, Ordering::Release);
+    }
+
     /// `Writing` -> `Committed`.
     pub fn commit(&self, key: SlotKey) -> Result<()> {
         self.transition(key, SlotState::Writing, SlotState::Committed, "commit")?;

@@ -352,6 +352,11 @@ impl<'a> Locked<'a> {
     }
 
     pub(super) fn can_insert(&self) -> bool {
+        // A limiter with no upper bound (the default) never holds writers
+        // back: batches skip its arithmetic for every row.
+        if self.sh.limiter_config.max_diff == f64::INFINITY {
+            return true;
+        }
         let ctl = self.ctl();
         let pending = ctl.pending_inserts.load(Ordering::Relaxed);
         let mut rl = self.limiter();
