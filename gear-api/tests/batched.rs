@@ -317,3 +317,41 @@ fn sample_into_refuses_bad_buffers_before_drawing() {
 fn refuses_thirteen() -> common::HookedUniform {
     common::HookedUniform { refuse: |p| p == Some(13.0), ..common::HookedUniform::new("refuses-thirteen") }
 }
+
+/// A batch into a full table evicts what as many single inserts would
+/// (the remover's oldest, FIFO) in one go, and another handle's mirror
+/// follows through the log: both draw from exactly the live trajectories
+/// with the same masses, and the evicted keys are stale for both.
+#[test]
+fn a_batch_into_a_full_table_evicts_the_oldest_and_every_mirror_follows() {
+    let name = format!("gear-batched-evict-{}", std::process::id());
+    let params = gear_sampler::StrategyParams { alpha: 0.6, beta: 0.4, stratified: true };
+    let table = ReplayTable::builder(spec(64))
+        .shared_memory(&name)
+        .sampler_kind(gear_sampler::StrategyKind::Prioritized, params)
+        .build()
+        .unwrap();
+    let other = ReplayTable::attach(&name, gear_api::AttachOptions::default()).unwrap();
+    let w = table.writer();
+    let first = Batch::new(0..64, 1);
+    let priorities: Vec<f64> = (0..64).map(|i| 1.0 + f64::from(i)).collect();
+    let old = w.insert_batch(64, 1, &first.values(), Some(&priorities)).unwrap();
+    let second = Batch::new(100..140, 1);
+    let new = w.insert_batch(40, 1, &second.values(), Some(&priorities[..40])).unwrap();
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.evictions, info.inserts), (64, 40, 104));
+    // FIFO: the forty oldest went, the rest stayed.
+    let stale: Vec<(SlotKey, f64)> = old[..40].iter().map(|&k| (k, 1.0)).collect();
+    assert_eq!(table.update_priorities(&stale).unwrap(), 0);
+    assert_eq!(other.update_priorities(&stale).unwrap(), 0);
+    let live: Vec<(SlotKey, f64)> = old[40..].iter().chain(&new).map(|&k| (k, 2.0)).collect();
+    assert_eq!(other.update_priorities(&live).unwrap(), 64, "the attached mirror holds every live key");
+    assert_eq!(table.selection_mass().unwrap(), other.selection_mass().unwrap());
+    for t in [&table, &other] {
+        let mut s = t.sampler(SampleConfig::new(256, WindowSpec::last(1))).unwrap();
+        let b = s.sample().unwrap();
+        assert!(b.keys().iter().all(|k| live.iter().any(|(l, _)| l == k)));
+        let ids: &[i32] = b.column("action").unwrap().as_slice().unwrap();
+        assert!(ids.iter().all(|&a| a / 1000 >= 40), "no evicted trajectory's bytes");
+    }
+}

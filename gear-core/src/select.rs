@@ -121,6 +121,15 @@ pub trait Selector: Send + Sync {
     /// Removes a trajectory (evicted or consumed).
     fn remove(&mut self, key: SlotKey) -> Result<()>;
 
+    /// Removes many trajectories, as [`Selector::remove`] of each in order
+    /// would. On an error the keys before the failing one are removed, it
+    /// and the rest are not. Strategies override it to share work across
+    /// the batch (prioritized replay refreshes each sum-tree node once);
+    /// whatever they defer is done before it returns.
+    fn remove_batch(&mut self, keys: &[SlotKey]) -> Result<()> {
+        keys.iter().try_for_each(|&key| self.remove(key))
+    }
+
     /// Number of trajectories held.
     fn len(&self) -> usize;
 
@@ -209,6 +218,9 @@ impl<S: Selector + ?Sized> Selector for Box<S> {
     }
     fn remove(&mut self, key: SlotKey) -> Result<()> {
         (**self).remove(key)
+    }
+    fn remove_batch(&mut self, keys: &[SlotKey]) -> Result<()> {
+        (**self).remove_batch(keys)
     }
     fn len(&self) -> usize {
         (**self).len()

@@ -449,6 +449,25 @@ impl Selector for Prioritized {
         Ok(())
     }
 
+    /// Zeroes the batch's leaves, then refreshes every sum-tree node above
+    /// them once (as [`Selector::insert_batch`] does), also when a key is
+    /// refused part way: the tree is the one removing each key leaves.
+    fn remove_batch(&mut self, keys: &[SlotKey]) -> Result<()> {
+        let mut result = Ok(());
+        let mut done = 0;
+        for &key in keys {
+            if let Err(e) = self.members.check_held(key, NAME) {
+                result = Err(e);
+                break;
+            }
+            self.members.remove(key.slot);
+            self.tree.set_leaf(key.slot as usize, 0.0);
+            done += 1;
+        }
+        self.tree.refresh(keys[..done].iter().map(|k| k.slot as usize));
+        result
+    }
+
     fn len(&self) -> usize {
         self.members.len()
     }

@@ -296,3 +296,32 @@ fn insert_batch_equals_inserting_one_by_one() {
         assert_eq!(fingerprint(&mut *batched), fingerprint(&mut *single), "{name}: after the retry");
     }
 }
+
+/// `remove_batch` leaves every strategy as removing the keys one by one
+/// does; a key not held part way keeps the removals before it and changes
+/// nothing after.
+#[test]
+fn remove_batch_equals_removing_one_by_one() {
+    for ((name, mut batched), (_, mut single)) in strategies().into_iter().zip(strategies()) {
+        batched.prepare(u64::from(CAPACITY)).unwrap();
+        single.prepare(u64::from(CAPACITY)).unwrap();
+        let mut r = rng(9);
+        let keys: Vec<SlotKey> = (0..40).map(|s| key(s, 1)).collect();
+        for &k in &keys {
+            let p = priority(&mut r);
+            batched.insert(k, Some(p)).unwrap();
+            single.insert(k, Some(p)).unwrap();
+        }
+        let gone: Vec<SlotKey> = (0..40).step_by(3).map(|s| key(s, 1)).collect();
+        batched.remove_batch(&gone).unwrap();
+        for &k in &gone {
+            single.remove(k).unwrap();
+        }
+        assert_eq!(batched.len(), single.len(), "{name}");
+        assert_eq!(fingerprint(&mut *batched), fingerprint(&mut *single), "{name}: draws or order");
+        // Key 1 goes, key 0 (removed already) is refused, key 2 stays.
+        assert!(batched.remove_batch(&[key(1, 1), key(0, 1), key(2, 1)]).is_err(), "{name}");
+        single.remove(key(1, 1)).unwrap();
+        assert_eq!(fingerprint(&mut *batched), fingerprint(&mut *single), "{name}: after the refusal");
+    }
+}

@@ -20,7 +20,7 @@ impl ReplayTable {
         let deadline = timeout.map(|t| Instant::now() + t);
         let l = self.shared.lock(deadline)?;
         let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
-        self.take_slot(&mut l, priority)
+        self.take_slot(&mut l, priority, 0)
     }
 
     /// [`ReplayTable::begin_slot`] for up to `count` trajectories, the
@@ -43,7 +43,8 @@ impl ReplayTable {
         let l = self.shared.lock(deadline)?;
         let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
         let mut keys = Vec::with_capacity(count);
-        keys.push(self.take_slot(&mut l, priority(0))?);
+        self.make_room(&mut l, count)?;
+        keys.push(self.take_slot(&mut l, priority(0), 0)?);
         for i in 1..count {
             let ctl = l.sh.region.control();
             let room = ctl.free_len.load(Ordering::Relaxed) > 0 || !l.local.remover.is_empty();
@@ -52,7 +53,7 @@ impl ReplayTable {
             if ctl.closed.load(Ordering::Acquire) != 0 || !l.can_insert() || !room {
                 break;
             }
-            match self.take_slot(&mut l, priority(i)) {
+            match self.take_slot(&mut l, priority(i), keys.len() as u64) {
                 Ok(key) => keys.push(key),
                 Err(e) => {
                     for &key in &keys {
@@ -67,12 +68,16 @@ impl ReplayTable {
     }
 
     /// Hands out a slot in `Writing` state to a writer the rate limiter
-    /// admitted, evicting with the remover when no slot is free.
-    pub(super) fn take_slot(&self, l: &mut Locked<'_>, priority: f64) -> Result<SlotKey> {
+    /// admitted, evicting with the remover when no slot is free. `taken`:
+    /// slots the calling batch holds already (alive: not worth a scan).
+    pub(super) fn take_slot(&self, l: &mut Locked<'_>, priority: f64, taken: u64) -> Result<SlotKey> {
         // No free slot: dead writers' slots come back before anything
-        // committed is evicted (a full scan, at most every REAP_INTERVAL).
+        // committed is evicted (a full scan, at most every REAP_INTERVAL),
+        // when some other writer holds a slot (a full table written by one
+        // batch would otherwise scan every slot twice a second under the
+        // lock, for nothing).
         let mut slot = l.pop_free();
-        if slot.is_none() && l.ctl().pending_inserts.load(Ordering::Relaxed) > 0 && l.maybe_reap()? > 0 {
+        if slot.is_none() && l.ctl().pending_inserts.load(Ordering::Relaxed) > taken && l.maybe_reap()? > 0 {
             slot = l.pop_free();
         }
         let slot = match slot {
@@ -105,6 +110,85 @@ impl ReplayTable {
         ctl.next_seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         add(&ctl.pending_inserts, 1);
         Ok(key)
+    }
+
+    /// Frees enough slots for a batch of `count` in a full table at once
+    /// (a table without items whose rate limiter never holds writers back,
+    /// so the batch will take them all): dead writers' slots first (a scan,
+    /// when another writer holds a slot), then evictions by the remover as
+    /// one batch ([`ReplayTable::evict_many`]). Otherwise each row evicts
+    /// for itself, as `take_slot` does.
+    fn make_room(&self, l: &mut Locked<'_>, count: usize) -> Result<()> {
+        let sh = &*self.shared;
+        let ctl = sh.region.control();
+        let free = ctl.free_len.load(Ordering::Relaxed) as usize;
+        if count <= free || sh.items_per_slot > 0 || sh.limiter_config.max_diff != f64::INFINITY {
+            return Ok(());
+        }
+        if ctl.pending_inserts.load(Ordering::Relaxed) > 0 {
+            l.maybe_reap()?;
+        }
+        let free = ctl.free_len.load(Ordering::Relaxed) as usize;
+        let need = count.saturating_sub(free).min(l.local.remover.len());
+        self.evict_many(l, need).map(|_| ())
+    }
+
+    /// Evicts up to `n` trajectories of a table without items in one go:
+    /// the remover's draws, each strategy's removals as one batch
+    /// (`Selector::remove_batch`: prioritized replay refreshes each
+    /// sum-tree node once), the log, the freed slots on the free list, the
+    /// counters once. A victim drawn twice is evicted once. Returns how
+    /// many were evicted.
+    pub(super) fn evict_many(&self, l: &mut Locked<'_>, n: usize) -> Result<usize> {
+        if n == 0 || l.local.remover.is_empty() {
+            return Ok(0);
+        }
+        let Local { remover, sampler, in_sampler, in_remover, rng, scratch, item_keys, .. } = &mut *l.local;
+        scratch.clear();
+        remover.sample(n.min(remover.len()), rng, scratch)?;
+        // The distinct victims the remover holds (a random remover may draw
+        // one twice), and those the sampler holds too.
+        let mut keys: Vec<SlotKey> =
+            scratch.iter().map(|s| s.key).filter(|k| in_remover.get(k.slot as usize) == Some(&Some(*k))).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let Some(&first) = keys.first() else {
+            let drawn = scratch.first().map_or(SlotKey { slot: 0, generation: 0 }, |s| s.key);
+            return Err(not_stored(remover.name(), drawn));
+        };
+        item_keys.clear();
+        item_keys.extend(keys.iter().filter(|k| in_sampler.get(k.slot as usize) == Some(&Some(**k))));
+        let removed = remover
+            .remove_batch(&keys)
+            .map_err(|e| strategy_error(remover.name(), &format!("refused to remove {first}: {e}")))
+            .and_then(|()| sampler.remove_batch(item_keys).map_err(Error::from));
+        if let Err(e) = removed {
+            // A strategy refused part way (user code): start the mirrors
+            // again from the records.
+            l.rebuild();
+            return Err(e);
+        }
+        for &key in &keys {
+            in_remover[key.slot as usize] = None;
+        }
+        for &key in item_keys.iter() {
+            in_sampler[key.slot as usize] = None;
+        }
+        let in_both = std::mem::take(&mut l.local.item_keys);
+        for &key in &keys {
+            let target = if in_both.binary_search(&key).is_ok() { target::BOTH } else { target::REMOVER };
+            l.append_log(Change { key, op: LogOp::Remove, target, priority: 0.0 });
+        }
+        let ctl = self.shared.region.control();
+        for &key in &keys {
+            if self.shared.region.slot(key.slot).and_then(|rec| rec.free(key)).is_ok() {
+                l.push_free(key.slot);
+            }
+        }
+        sub(&ctl.size, in_both.len() as u64);
+        add(&ctl.evictions, keys.len() as u64);
+        l.local.item_keys = in_both;
+        Ok(keys.len())
     }
 
     pub(super) fn evict_one(&self, l: &mut Locked<'_>) -> Result<Option<u32>> {
