@@ -59,7 +59,7 @@ pub(crate) fn column_array<'py>(
 /// # Safety
 /// `array` must be C-contiguous and must not be resized or written while
 /// the returned slice is used.
-unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
+pub(crate) unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
     let len = array.len() * array.dtype().itemsize();
     if len == 0 {
         return &[];
@@ -70,7 +70,7 @@ unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
 }
 
 /// Arrays for every column from keyword arguments, in column order.
-fn arrays_by_name<'py>(
+pub(crate) fn arrays_by_name<'py>(
     given: Option<&Bound<'py, PyDict>>,
     infos: &[ColumnInfo],
     leading: &[usize],
