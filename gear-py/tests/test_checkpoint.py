@@ -26,29 +26,37 @@ def filled_table(**kw):
 
 
 def rows(table):
-    """Every stored trajectory: sorted (action, steps, obs bytes)."""
-    b = table.sampler(256, window=8, offset=0, timeout=1).sample()
+    """Every stored trajectory: {(action, steps, obs bytes)}, drawn until
+    all `len(table)` were seen."""
+    sampler = table.sampler(256, window=8, offset=0, timeout=1)
     out = set()
-    for r in range(b.rows):
-        n = int(b.lengths[r])
-        out.add((int(b["action"][r, 0]), n, b["obs"][r, :n].tobytes()))
+    for _ in range(100):
+        b = sampler.sample()
+        for r in range(b.rows):
+            n = int(b.lengths[r])
+            out.add((int(b["action"][r, 0]), n, b["obs"][r, :n].tobytes()))
+        if len(out) == len(table):
+            break
     return out
 
 
 def test_checkpoint_and_restore_bring_back_every_trajectory_and_priority(tmp_path):
     table = filled_table()
+    before = rows(table)
+    assert len(before) == 20
     keys = table.sampler(20, window=1, timeout=1).sample().keys
     table.update_priorities(keys[:1], [1e6])
-    before = rows(table)
     report = table.checkpoint(tmp_path / "t.gear")
     assert report["trajectories"] == 20 and report["file_bytes"] > report["data_bytes"] > 0
     assert pytest.approx(report["elapsed_s"], abs=60) == report["elapsed_s"] and report["pause_s"] >= 0
     restored = gear.Table.restore(tmp_path / "t.gear", COLUMNS, max_len=8, capacity=64, sampler="prioritized")
-    assert len(restored) == 20 and rows(restored) == before
-    # The key with the huge priority is still the one drawn (keys survive).
+    assert len(restored) == 20
+    # The key with the huge priority is still the one drawn (keys and
+    # priorities survive).
     b = restored.sampler(64, window=1).sample()
     assert (b.keys == keys[0]).mean() > 0.9
     assert restored.update_priorities(keys[:1], [1.0]) == 1
+    assert rows(restored) == before
 
 
 def test_checkpoint_into_keeps_the_newest_and_restore_reads_the_newest(tmp_path):

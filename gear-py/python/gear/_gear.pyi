@@ -89,6 +89,30 @@ class Table:
         collector_threads: Optional[int] = None,
     ) -> None: ...
     @staticmethod
+    def restore(
+        path: Union[str, os.PathLike[str]],
+        columns: Sequence[ColumnDef],
+        max_len: int,
+        capacity: int,
+        *,
+        sampler: str = "uniform",
+        remover: str = "fifo",
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        stratified: bool = True,
+        max_times_sampled: Optional[int] = None,
+        rate_limiter: Optional[RateLimiter] = None,
+        name: Optional[str] = None,
+        seed: int = 0,
+        sample_while_writing: bool = False,
+        collector_threads: Optional[int] = None,
+    ) -> Table:
+        """A table as ``Table(...)`` makes it, filled from a checkpoint file or the newest in a directory."""
+    def checkpoint(self, path: Union[str, os.PathLike[str]]) -> Dict[str, Any]:
+        """Writes a checkpoint (atomic, fsynced); returns a report."""
+    def checkpoint_into(self, dir: Union[str, os.PathLike[str]], keep: int = 3) -> Dict[str, Any]:
+        """Writes the next numbered checkpoint into ``dir``, keeping the newest ``keep``."""
+    @staticmethod
     def attach(name: str, *, timeout: Optional[float] = 30.0, dir: Optional[str] = None) -> Table:
         """Attaches to the shared table ``name`` another process created."""
     def writer(self, timeout: Optional[float] = None) -> Writer:
