@@ -616,12 +616,16 @@ impl<'py> OutputArrays<'py> {
             let array = match obj.cast::<PyUntypedArray>() {
                 Ok(a) => a.clone(),
                 Err(_) => {
-                    let a = match bf16_bits(obj, info)? {
+                    let bits = bf16_bits(obj, info)?;
+                    let a = match &bits {
                         Some(bits) => np.call_method1("asarray", (bits,))?.call_method1("view", ("uint16",))?,
                         None => np.call_method1("asarray", (obj,))?,
                     };
                     let a = a.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))?;
-                    if !np.call_method1("shares_memory", (&a, obj)).and_then(|r| r.extract::<bool>()).unwrap_or(false) {
+                    // (NumPy cannot read a bfloat16 tensor to compare with;
+                    // its int16 view shares the tensor's memory.)
+                    let source = bits.as_ref().unwrap_or(obj);
+                    if !np.call_method1("shares_memory", (&a, source)).and_then(|r| r.extract::<bool>()).unwrap_or(false) {
                         return Err(Error::Step(format!(
                             "output for column `{}` is not an array whose memory NumPy can write in place",
                             info.name

@@ -173,3 +173,17 @@ def local_cluster(tmp_path):
     yield make
     for c in made:
         c.close()
+
+
+def require(module: str):
+    """Imports an optional module (torch, jax). Where GEAR_REQUIRE_TORCH=1
+    (ci/pytest.sh, so `.ci/run`) a missing one fails the test; elsewhere
+    the test skips with the reason."""
+    if os.environ.get("GEAR_REQUIRE_TORCH") == "1":
+        import importlib
+
+        try:
+            return importlib.import_module(module)
+        except ImportError as e:
+            pytest.fail(f"{module} is required here (GEAR_REQUIRE_TORCH=1) but cannot be imported: {e}")
+    return pytest.importorskip(module, reason=f"{module} is not installed (ci/pytest.sh installs it)")
