@@ -187,3 +187,14 @@ def require(module: str):
         except ImportError as e:
             pytest.fail(f"{module} is required here (GEAR_REQUIRE_TORCH=1) but cannot be imported: {e}")
     return pytest.importorskip(module, reason=f"{module} is not installed (ci/pytest.sh installs it)")
+
+
+def require_installed(module: str) -> None:
+    """As `require`, without importing the module into this process."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return
+    if os.environ.get("GEAR_REQUIRE_TORCH") == "1":
+        pytest.fail(f"{module} is required here (GEAR_REQUIRE_TORCH=1) but is not installed")
+    pytest.skip(f"{module} is not installed (ci/pytest.sh installs it)")
