@@ -625,7 +625,11 @@ impl<'py> OutputArrays<'py> {
                     // (NumPy cannot read a bfloat16 tensor to compare with;
                     // its int16 view shares the tensor's memory.)
                     let source = bits.as_ref().unwrap_or(obj);
-                    if !np.call_method1("shares_memory", (&a, source)).and_then(|r| r.extract::<bool>()).unwrap_or(false) {
+                    if !np
+                        .call_method1("shares_memory", (&a, source))
+                        .and_then(|r| r.extract::<bool>())
+                        .unwrap_or(false)
+                    {
                         return Err(Error::Step(format!(
                             "output for column `{}` is not an array whose memory NumPy can write in place",
                             info.name

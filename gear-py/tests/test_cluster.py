@@ -372,3 +372,26 @@ def test_random_start_and_fifo_shards_are_refused_clearly(local_cluster):
         cluster2.sampler(4, window=2, random_start=True)
     with pytest.raises(gear.SpecError, match="window length"):
         cluster2.sampler(4, window=MAX_LEN + 1)
+
+
+def test_an_insert_that_fails_part_way_lists_what_was_committed(local_cluster):
+    lc = local_cluster(max_len=1, capacity=64)
+    cluster = gear.Cluster(lc.addrs, TOKEN, call_timeout=3.0)
+    n = 30
+    cols = {"id": np.arange(n, dtype=np.int64), "t": np.zeros(n, np.int32), "obs": np.zeros((n, OBS), np.uint8)}
+    writer = cluster.writer("round_robin")
+    writer.insert_batch({k: v[:3] for k, v in cols.items()})  # every shard answered once
+    lc.servers[2].kill()
+    with pytest.raises(gear.PartialInsertError) as e:
+        writer.insert_batch(cols)
+    err = e.value
+    assert isinstance(err, gear.GearError)
+    committed = dict(err.committed)
+    assert len(committed) == 20 and set(err.keys["shard"].tolist()) == {0, 1}
+    assert sorted(committed) == err.indices.tolist()
+    # Exactly those are stored: resending the rest to live shards completes the batch.
+    rest = np.setdiff1d(np.arange(n), err.indices)
+    keys = cluster.writer(0).insert_batch({k: v[rest] for k, v in cols.items()})
+    assert len(keys) == 10
+    sizes = [i.get("size") for i in cluster.info()]
+    assert sizes[:2] == [1 + 10 + 10, 1 + 10] and "error" in cluster.info()[2]
