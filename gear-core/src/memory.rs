@@ -83,26 +83,66 @@ unsafe impl<R: MemoryRegion + ?Sized> MemoryRegion for Box<R> {
 
 /// Heap bytes as a [`MemoryRegion`], 8-byte aligned: the buffer a
 /// transport's reads land in, or a region to expose in tests.
-#[derive(Debug)]
+///
+/// The bytes are a raw allocation that no Rust reference ever covers, so
+/// writing them through [`host_ptr`](MemoryRegion::host_ptr) (a transport's
+/// receiving thread, a NIC, the in-process verbs) while the region is
+/// shared behind `&self` or an `Arc` is sound: a `Box<[u64]>` would make
+/// such writes undefined behaviour (its bytes are immutable behind `&`).
 pub struct HeapRegion {
-    words: Box<[u64]>,
+    /// Start of `words` zeroed `u64`s from the global allocator, or a
+    /// dangling aligned pointer when `words` is 0. Only ever accessed
+    /// through raw pointers.
+    ptr: std::ptr::NonNull<u64>,
+    /// Allocated words: `len.div_ceil(8)`.
+    words: usize,
+    /// Bytes the region reports.
     len: usize,
 }
 
+// SAFETY: the allocation is owned by the value and freed only in `drop`;
+// every access goes through raw pointers whose users synchronise as
+// `MemoryRegion` says (the region's bytes may change at any time).
+unsafe impl Send for HeapRegion {}
+// SAFETY: see `Send`; `&HeapRegion` gives no safe access to the bytes.
+unsafe impl Sync for HeapRegion {}
+
+impl std::fmt::Debug for HeapRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapRegion").field("addr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
 impl HeapRegion {
+    fn layout(words: usize) -> std::alloc::Layout {
+        // `words` comes from a `usize` byte count divided by 8, so the byte
+        // size fits `isize` unless the caller asked for more than the
+        // address space; that aborts like any failed allocation would.
+        std::alloc::Layout::array::<u64>(words)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<u64>()))
+    }
+
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
-        HeapRegion { words: vec![0u64; len.div_ceil(8)].into_boxed_slice(), len }
+        let words = len.div_ceil(8);
+        if words == 0 {
+            return HeapRegion { ptr: std::ptr::NonNull::dangling(), words, len };
+        }
+        let layout = Self::layout(words);
+        // SAFETY: `layout` has a non-zero size (words > 0).
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(raw.cast::<u64>()) else { std::alloc::handle_alloc_error(layout) };
+        HeapRegion { ptr, words, len }
     }
 
     /// `len` bytes, byte `i` being `byte(i)`.
     pub fn from_fn(len: usize, byte: impl Fn(usize) -> u8) -> Self {
-        let mut region = HeapRegion::zeroed(len);
-        // SAFETY: the words hold at least `len` bytes, u8 has no alignment
-        // needs, and `region` is not shared yet.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(region.words.as_mut_ptr().cast::<u8>(), len) };
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = byte(i);
+        let region = HeapRegion::zeroed(len);
+        let bytes = region.ptr.as_ptr().cast::<u8>();
+        for i in 0..len {
+            // SAFETY: the allocation holds at least `len` bytes, u8 has no
+            // alignment needs, and `region` is not shared yet.
+            unsafe { bytes.add(i).write(byte(i)) };
         }
         region
     }
@@ -114,14 +154,27 @@ impl HeapRegion {
     /// has it registered writes it while a read into it is in flight, so
     /// call this only once every such read has finished.
     pub unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: the words hold at least `len` bytes and live as long as
-        // `self`; the caller promises no concurrent writer.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+        // SAFETY: the allocation holds at least `len` initialised (zeroed
+        // or written) bytes and lives as long as `self`; the caller
+        // promises no concurrent writer for the slice's life.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u8>(), self.len) }
     }
 }
 
-// SAFETY: the boxed words live as long as the value and `host_ptr` points
-// at their first byte, 8-byte aligned, with at least `len()` bytes behind it.
+impl Drop for HeapRegion {
+    fn drop(&mut self) {
+        if self.words > 0 {
+            // SAFETY: `ptr` was allocated in `zeroed` with this layout and
+            // is freed once, here.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast::<u8>(), Self::layout(self.words)) };
+        }
+    }
+}
+
+// SAFETY: the allocation lives as long as the value and `host_ptr` points
+// at its first byte, 8-byte aligned, with at least `len()` bytes behind it,
+// readable and writable through that pointer whatever references to the
+// `HeapRegion` exist (no reference covers the bytes).
 unsafe impl MemoryRegion for HeapRegion {
     fn kind(&self) -> MemoryKind {
         MemoryKind::Host
@@ -133,7 +186,7 @@ unsafe impl MemoryRegion for HeapRegion {
         8
     }
     fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
-        std::ptr::NonNull::new(self.words.as_ptr() as *mut u8)
+        Some(self.ptr.cast::<u8>())
     }
 }
 
@@ -149,5 +202,39 @@ mod tests {
         // SAFETY: nothing else holds the region.
         assert_eq!(unsafe { r.bytes() }, (0..13).map(|i| i * 3).collect::<Vec<u8>>().as_slice());
         assert!(HeapRegion::zeroed(0).is_empty());
+    }
+
+    /// What a transport does: write through `host_ptr` while the region is
+    /// shared (here behind an `Arc` and a live `&`), then read it back once
+    /// the write finished. Under Miri this fails for a region whose bytes
+    /// sit behind a shared reference without interior mutability.
+    #[test]
+    fn writes_through_the_host_pointer_of_a_shared_region_are_sound() {
+        let region = std::sync::Arc::new(HeapRegion::zeroed(20));
+        let shared: &HeapRegion = &region;
+        let writer = std::sync::Arc::clone(&region);
+        let p = writer.host_ptr().unwrap().as_ptr();
+        // SAFETY: 20 bytes lie behind `p`; nothing reads them meanwhile.
+        unsafe {
+            p.add(3).write(7);
+            std::ptr::copy_nonoverlapping([1u8, 2, 3].as_ptr(), p.add(17), 3);
+        }
+        // SAFETY: the writes above finished.
+        let bytes = unsafe { shared.bytes() };
+        assert_eq!((bytes[3], &bytes[17..]), (7, &[1u8, 2, 3][..]));
+        assert_eq!(bytes.iter().map(|&b| u32::from(b)).sum::<u32>(), 13);
+        // A thread writes while this one holds the region, as gear-tcp's
+        // receiving task does.
+        let thread_writer = std::sync::Arc::clone(&region);
+        std::thread::spawn(move || {
+            // SAFETY: the region lives in the `Arc` the thread holds, and
+            // no one reads byte 0 until the thread is joined.
+            unsafe { thread_writer.host_ptr().unwrap().as_ptr().write(9) }
+        })
+        .join()
+        .unwrap();
+        // SAFETY: the writing thread was joined.
+        assert_eq!(unsafe { region.bytes() }[0], 9);
+        drop(writer);
     }
 }
