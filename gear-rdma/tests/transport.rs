@@ -337,12 +337,12 @@ fn descriptors_of_another_shard_or_transport_are_refused() {
 fn without_a_device_rdma_is_unavailable_not_a_crash() {
     // No machine of our CI has an RDMA device (or, without the `rdma`
     // feature, no backend): both must be a clear error.
-    match gear_rdma::device_transport(None, 1, 0, RdmaConfig::default()) {
+    match gear_rdma::device_transport(None, 1, None, RdmaConfig::default()) {
         Err(CoreError::TransportUnavailable(why)) => assert!(why.contains("rdma"), "{why}"),
         Err(other) => panic!("expected unavailable, got {other}"),
         Ok(_) => eprintln!("skipped: this machine has an rdma device (run cargo xtask rdma-test)"),
     }
-    match gear_rdma::device_server(None, 1, 0) {
+    match gear_rdma::device_server(None, 1, None, gear_rdma::RdmaServerConfig::default()) {
         Err(CoreError::TransportUnavailable(_)) => {}
         Err(other) => panic!("expected unavailable, got {other}"),
         Ok(_) => eprintln!("skipped: this machine has an rdma device"),
