@@ -134,6 +134,25 @@ fn client_on(
     (ClusterClient::with_transport(config, transport).unwrap(), verbs)
 }
 
+/// Three shards of 6 items each, all serving RDMA, and a client reading
+/// over RDMA with `call_timeout`: the fabric, the servers (kept while the
+/// test runs), the client and its node.
+fn three_rdma_shards(call_timeout: Duration) -> (InProcessFabric, Vec<ServerHandle>, ClusterClient, InProcessVerbs) {
+    let fabric = InProcessFabric::new();
+    let servers = serve(&fabric, &tables(&[6, 6, 6]), &[true, true, true]);
+    let (cluster, verbs) = client(&fabric, &servers, call_timeout);
+    (fabric, servers, cluster, verbs)
+}
+
+/// The batch the fault tests sample (48 rows of the last 3 steps), after
+/// one clean batch of it.
+fn one_clean_batch(cluster: &ClusterClient) -> (WindowSpec, ClusterSample) {
+    let window = WindowSpec::last(3);
+    let request = ClusterSample { rows: 48, window, columns: vec![] };
+    check_layout(&cluster.sample(&request).unwrap(), window, 48);
+    (window, request)
+}
+
 /// Tables of `sizes[s]` trajectories: shard s holds ids 10*s+1 ..= 10*s+n,
 /// id i of (i % 10) steps (at most 6).
 fn tables(sizes: &[u8]) -> Vec<ReplayTable> {
@@ -177,10 +196,7 @@ fn shards_of(batch: &ClusterBatch) -> Vec<u32> {
 #[test]
 fn auto_reads_every_row_over_in_process_rdma() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
         let first = ClusterSample { rows: 64, window: WindowSpec::last(4), columns: vec![] };
         assert_eq!(cluster.data_plane_for(&first), Some(TransportKind::Rdma));
         for window in [WindowSpec::last(4), WindowSpec::first(3), WindowSpec { offset: 1, len: 5, pad: Pad::Tail }] {
@@ -239,13 +255,8 @@ fn rows_overwritten_during_rdma_reads_are_never_returned_torn() {
 #[test]
 fn a_failed_rdma_read_reports_the_shard_lost_and_it_rejoins() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
-        let window = WindowSpec::last(3);
-        let request = ClusterSample { rows: 48, window, columns: vec![] };
-        check_layout(&cluster.sample(&request).unwrap(), window, 48);
+        let (_fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
+        let (window, request) = one_clean_batch(&cluster);
         // Every queue pair to shard 1 fails its next READ with a remote
         // access error (not retried).
         let to_shard_1 = verbs.queue_pairs_to(gid(2));
@@ -271,13 +282,8 @@ fn a_failed_rdma_read_reports_the_shard_lost_and_it_rejoins() {
 #[test]
 fn a_shard_whose_reads_hang_hits_the_deadline_and_is_reported() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(2));
-        let window = WindowSpec::last(3);
-        let request = ClusterSample { rows: 48, window, columns: vec![] };
-        check_layout(&cluster.sample(&request).unwrap(), window, 48);
+        let (_fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(2));
+        let (window, request) = one_clean_batch(&cluster);
         // Shard 2 stops answering READs: they wait until the call deadline.
         for qp in verbs.queue_pairs_to(gid(3)) {
             verbs.hold(qp).unwrap();
@@ -341,13 +347,8 @@ fn shard_queue_pairs(fabric: &InProcessFabric, s: u8) -> usize {
 #[test]
 fn a_client_that_reconnects_after_every_failure_holds_one_connection_per_shard() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
-        let window = WindowSpec::last(3);
-        let request = ClusterSample { rows: 48, window, columns: vec![] };
-        check_layout(&cluster.sample(&request).unwrap(), window, 48);
+        let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
+        let (window, request) = one_clean_batch(&cluster);
         for round in 0..8 {
             // Shard 1's reads fail: it is left out of this batch, the
             // connection ended, and the next batch connects again.
@@ -405,10 +406,7 @@ fn a_shard_that_refuses_the_connect_is_gathered_and_the_queue_pairs_are_freed() 
 #[test]
 fn a_batch_buffer_that_cannot_be_pinned_is_gathered_by_the_shards() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
         // As under a low RLIMIT_MEMLOCK: 16 KiB may be registered. A batch
         // of 48 rows of 4 steps needs 6.4 KiB, one of 256 rows 34 KiB.
         verbs.set_memlock_limit(Some(16 << 10));

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{buffer, client, connect, gid, pattern, snapshot, Shard};
+use common::{buffer, check_landed, client, connect, gid, pattern, snapshot, Shard};
 use gear_core::{Error as CoreError, PeerEndpoint, ReadOp, RemoteHandle, Transport, TransportServer};
 use gear_rdma::verbs::{CompletionStatus, PortAttributes};
 use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaServerConfig, RdmaTransport};
@@ -203,11 +203,7 @@ fn a_retired_queue_pair_keeps_its_completion_room_until_its_flushes_are_polled()
         (0..n as u64).map(|i| ReadOp { remote_offset: 1000 * i + 5, local_offset: 16 * i, len: 16 }).collect();
     let ticket = transport.post_reads(&remote, &registered, &reads).unwrap();
     transport.wait(&ticket, deadline()).unwrap();
-    let bytes = snapshot(&local);
-    for (i, op) in reads.iter().enumerate() {
-        let want: Vec<u8> = (0..16).map(|k| pattern(0, op.remote_offset as usize + k)).collect();
-        assert_eq!(&bytes[16 * i..16 * i + 16], &want[..], "op {i}");
-    }
+    check_landed(0, &local, &reads, &[]);
     assert!(!transport.live_queue_pairs(&remote).contains(&failing));
     assert_eq!(transport.live_queue_pairs(&remote).len(), 2);
     assert_eq!(transport.draining_queue_pairs(), 0, "the retired queue pair drained");
@@ -246,11 +242,7 @@ fn outstanding_reads_are_negotiated_down_to_the_responders_limit() {
         (0..32u64).map(|i| ReadOp { remote_offset: 300 * i, local_offset: 64 * i, len: 64 }).collect();
     let ticket = transport.post_reads(&handle, &registered, &reads).unwrap();
     transport.wait(&ticket, deadline()).unwrap();
-    let bytes = snapshot(&local);
-    for (i, op) in reads.iter().enumerate() {
-        let want: Vec<u8> = (0..64).map(|k| pattern(0, op.remote_offset as usize + k)).collect();
-        assert_eq!(&bytes[64 * i..64 * i + 64], &want[..], "read {i}");
-    }
+    check_landed(0, &local, &reads, &[]);
     let qp = transport.live_queue_pairs(&handle)[0];
     let attrs = transport.verbs().connect_attributes(qp).unwrap().unwrap();
     assert_eq!((attrs.max_rd_atomic, attrs.max_dest_rd_atomic), (4, 16));

@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{buffer, client, connect, gid, pattern, snapshot, Shard};
-use gear_core::{Error as CoreError, HeapRegion, ReadOp, RemoteAccess, TcpEndpoint, Transport, TransportServer};
+use common::{buffer, check_landed, client, connect, gid, snapshot, Shard};
+use gear_core::{Error as CoreError, ReadOp, RemoteAccess, TcpEndpoint, Transport, TransportServer};
 use gear_rdma::verbs::CompletionStatus;
 use gear_rdma::{InProcessFabric, RdmaConfig};
 
@@ -22,20 +22,6 @@ fn deadline() -> Instant {
 /// local offset `len * i`.
 fn ops(n: usize, len: u64, stride: u64) -> Vec<ReadOp> {
     (0..n as u64).map(|i| ReadOp { remote_offset: stride * i + 3, local_offset: len * i, len }).collect()
-}
-
-/// Checks that every op not in `failed` holds the remote bytes it read.
-fn check_landed(shard: u32, local: &HeapRegion, ops: &[ReadOp], failed: &[u32]) {
-    let bytes = snapshot(local);
-    for (i, op) in ops.iter().enumerate() {
-        if failed.contains(&(i as u32)) {
-            continue;
-        }
-        for k in 0..op.len as usize {
-            let want = pattern(shard, op.remote_offset as usize + k);
-            assert_eq!(bytes[op.local_offset as usize + k], want, "op {i} byte {k}");
-        }
-    }
 }
 
 #[test]
