@@ -81,8 +81,36 @@ unsafe impl<R: MemoryRegion + ?Sized> MemoryRegion for Box<R> {
     }
 }
 
-/// Heap bytes as a [`MemoryRegion`], 8-byte aligned: the buffer a
-/// transport's reads land in, or a region to expose in tests.
+// SAFETY: forwarding to the shared region keeps every promise it made;
+// each clone keeps the region (and so its bytes) alive.
+unsafe impl<R: MemoryRegion + ?Sized> MemoryRegion for std::sync::Arc<R> {
+    fn kind(&self) -> MemoryKind {
+        (**self).kind()
+    }
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    fn alignment(&self) -> u64 {
+        (**self).alignment()
+    }
+    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
+        (**self).host_ptr()
+    }
+    fn device_ptr(&self) -> Option<u64> {
+        (**self).device_ptr()
+    }
+    fn name(&self) -> Option<&str> {
+        (**self).name()
+    }
+}
+
+/// The unit a [`HeapRegion`] is allocated in: a cache line.
+#[repr(C, align(64))]
+struct CacheLine([u8; 64]);
+
+/// Heap bytes as a [`MemoryRegion`], aligned to a cache line (64 bytes, so
+/// a table can be laid out in it): the buffer a transport's reads land in,
+/// or a region to expose or hold a table in tests.
 ///
 /// The bytes are a raw allocation that no Rust reference ever covers, so
 /// writing them through [`host_ptr`](MemoryRegion::host_ptr) (a transport's
@@ -90,12 +118,12 @@ unsafe impl<R: MemoryRegion + ?Sized> MemoryRegion for Box<R> {
 /// shared behind `&self` or an `Arc` is sound: a `Box<[u64]>` would make
 /// such writes undefined behaviour (its bytes are immutable behind `&`).
 pub struct HeapRegion {
-    /// Start of `words` zeroed `u64`s from the global allocator, or a
-    /// dangling aligned pointer when `words` is 0. Only ever accessed
+    /// Start of `lines` zeroed cache lines from the global allocator, or a
+    /// dangling (aligned) pointer when `lines` is 0. Only ever accessed
     /// through raw pointers.
-    ptr: std::ptr::NonNull<u64>,
-    /// Allocated words: `len.div_ceil(8)`.
-    words: usize,
+    ptr: std::ptr::NonNull<CacheLine>,
+    /// Allocated cache lines: `len.div_ceil(64)`.
+    lines: usize,
     /// Bytes the region reports.
     len: usize,
 }
@@ -114,25 +142,24 @@ impl std::fmt::Debug for HeapRegion {
 }
 
 impl HeapRegion {
-    fn layout(words: usize) -> std::alloc::Layout {
-        // `words` comes from a `usize` byte count divided by 8, so the byte
-        // size fits `isize` unless the caller asked for more than the
-        // address space; that aborts like any failed allocation would.
-        std::alloc::Layout::array::<u64>(words)
-            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<u64>()))
+    fn layout(lines: usize) -> std::alloc::Layout {
+        // More than `isize::MAX` bytes is more than the address space; that
+        // aborts like any failed allocation would.
+        std::alloc::Layout::array::<CacheLine>(lines)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<CacheLine>()))
     }
 
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
-        let words = len.div_ceil(8);
-        if words == 0 {
-            return HeapRegion { ptr: std::ptr::NonNull::dangling(), words, len };
+        let lines = len.div_ceil(64);
+        if lines == 0 {
+            return HeapRegion { ptr: std::ptr::NonNull::dangling(), lines, len };
         }
-        let layout = Self::layout(words);
-        // SAFETY: `layout` has a non-zero size (words > 0).
+        let layout = Self::layout(lines);
+        // SAFETY: `layout` has a non-zero size (lines > 0).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let Some(ptr) = std::ptr::NonNull::new(raw.cast::<u64>()) else { std::alloc::handle_alloc_error(layout) };
-        HeapRegion { ptr, words, len }
+        let Some(ptr) = std::ptr::NonNull::new(raw.cast::<CacheLine>()) else { std::alloc::handle_alloc_error(layout) };
+        HeapRegion { ptr, lines, len }
     }
 
     /// `len` bytes, byte `i` being `byte(i)`.
@@ -163,18 +190,18 @@ impl HeapRegion {
 
 impl Drop for HeapRegion {
     fn drop(&mut self) {
-        if self.words > 0 {
+        if self.lines > 0 {
             // SAFETY: `ptr` was allocated in `zeroed` with this layout and
             // is freed once, here.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast::<u8>(), Self::layout(self.words)) };
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast::<u8>(), Self::layout(self.lines)) };
         }
     }
 }
 
 // SAFETY: the allocation lives as long as the value and `host_ptr` points
-// at its first byte, 8-byte aligned, with at least `len()` bytes behind it,
-// readable and writable through that pointer whatever references to the
-// `HeapRegion` exist (no reference covers the bytes).
+// at its first byte, 64-byte aligned, with at least `len()` bytes behind
+// it, readable and writable through that pointer whatever references to
+// the `HeapRegion` exist (no reference covers the bytes).
 unsafe impl MemoryRegion for HeapRegion {
     fn kind(&self) -> MemoryKind {
         MemoryKind::Host
@@ -183,7 +210,7 @@ unsafe impl MemoryRegion for HeapRegion {
         self.len as u64
     }
     fn alignment(&self) -> u64 {
-        8
+        std::mem::align_of::<CacheLine>() as u64
     }
     fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
         Some(self.ptr.cast::<u8>())
@@ -197,8 +224,9 @@ mod tests {
     #[test]
     fn heap_regions_hold_their_bytes_aligned() {
         let r = HeapRegion::from_fn(13, |i| i as u8 * 3);
-        assert_eq!((r.len(), r.alignment(), r.kind()), (13, 8, MemoryKind::Host));
-        assert_eq!(r.host_ptr().unwrap().as_ptr() as usize % 8, 0);
+        assert_eq!((r.len(), r.alignment(), r.kind()), (13, 64, MemoryKind::Host));
+        assert_eq!(r.host_ptr().unwrap().as_ptr() as usize % 64, 0);
+        assert_eq!(HeapRegion::zeroed(0).host_ptr().unwrap().as_ptr() as usize % 64, 0);
         // SAFETY: nothing else holds the region.
         assert_eq!(unsafe { r.bytes() }, (0..13).map(|i| i * 3).collect::<Vec<u8>>().as_slice());
         assert!(HeapRegion::zeroed(0).is_empty());
