@@ -47,7 +47,9 @@ struct Settings {
     tls_key: Option<String>,
     rdma_device: Option<String>,
     rdma_port: u8,
-    rdma_gid_index: u8,
+    rdma_gid_index: Option<u8>,
+    rdma_traffic_class: u8,
+    rdma_service_level: u8,
 }
 
 fn duration(seconds: f64, what: &str) -> Result<Duration> {
@@ -81,8 +83,14 @@ impl Settings {
         config.free_space_refresh = duration(self.free_space_refresh, "free_space_refresh")?;
         config.seed = self.seed;
         config.data_plane = data_plane(&self.data_plane)?;
-        config.rdma =
-            RdmaSettings { device: self.rdma_device.clone(), port: self.rdma_port, gid_index: self.rdma_gid_index };
+        config.rdma = RdmaSettings {
+            device: self.rdma_device.clone(),
+            port: self.rdma_port,
+            gid_index: self.rdma_gid_index,
+            traffic_class: self.rdma_traffic_class,
+            service_level: self.rdma_service_level,
+            ..RdmaSettings::default()
+        };
         config.tls = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
             (None, None, None) => None,
             (None, _, _) => return Err(Error::Spec("tls_cert and tls_key need tls_ca (the cluster's CA)".into())),
@@ -120,6 +128,8 @@ impl Settings {
             rdma_device: file.rdma.device.clone(),
             rdma_port: file.rdma.port,
             rdma_gid_index: file.rdma.gid_index,
+            rdma_traffic_class: file.rdma.traffic_class,
+            rdma_service_level: file.rdma.service_level,
         })
     }
 
@@ -140,6 +150,8 @@ impl Settings {
         d.set_item("rdma_device", &self.rdma_device)?;
         d.set_item("rdma_port", self.rdma_port)?;
         d.set_item("rdma_gid_index", self.rdma_gid_index)?;
+        d.set_item("rdma_traffic_class", self.rdma_traffic_class)?;
+        d.set_item("rdma_service_level", self.rdma_service_level)?;
         Ok(d)
     }
 
@@ -164,6 +176,8 @@ impl Settings {
             rdma_device: get(d, "rdma_device")?,
             rdma_port: get(d, "rdma_port")?,
             rdma_gid_index: get(d, "rdma_gid_index")?,
+            rdma_traffic_class: get(d, "rdma_traffic_class")?,
+            rdma_service_level: get(d, "rdma_service_level")?,
         })
     }
 }
@@ -298,6 +312,8 @@ impl Cluster {
             rdma_device: None,
             rdma_port: RdmaSettings::default().port,
             rdma_gid_index: RdmaSettings::default().gid_index,
+            rdma_traffic_class: RdmaSettings::default().traffic_class,
+            rdma_service_level: RdmaSettings::default().service_level,
         };
         Ok(Cluster::open(settings)?)
     }
