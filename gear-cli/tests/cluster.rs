@@ -348,7 +348,7 @@ fn writer_child() {
                     })
                     .collect();
                 let end = step + 1 == MAX_LEN as usize;
-                let chunk = gear_net::proto::InsertChunk { steps: 1, columns, priority: None, end };
+                let chunk = gear_net::proto::InsertChunk { steps: 1, columns, end, ..Default::default() };
                 if tx.send(chunk).await.is_err() {
                     break;
                 }

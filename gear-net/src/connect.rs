@@ -50,7 +50,7 @@ pub fn request_from_endpoint(endpoint: &PeerEndpoint) -> ConnectRequest {
         #[allow(unreachable_patterns)]
         _ => connect_request::Endpoint::Tcp(proto::TcpPeer { address: String::new() }),
     };
-    ConnectRequest { endpoint: Some(endpoint) }
+    ConnectRequest { endpoint: Some(endpoint), table: String::new() }
 }
 
 /// The endpoint of a `Connect` request, validated.
@@ -132,7 +132,7 @@ mod tests {
             p.gid.pop();
         }
         assert!(endpoint_from_request(&bad).is_err());
-        assert!(endpoint_from_request(&ConnectRequest { endpoint: None }).is_err());
+        assert!(endpoint_from_request(&ConnectRequest { endpoint: None, table: String::new() }).is_err());
         let mut wraps = reply_from_remote(&r);
         if let Some(connect_reply::Access::Rdma(a)) = &mut wraps.access {
             a.addr = u64::MAX;
