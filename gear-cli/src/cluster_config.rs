@@ -275,12 +275,12 @@ fn print_frame(
                 rate(t.bytes_out, p.map(|p| p.bytes_out), secs, 1e6),
                 format!(
                     "{}/{} ({:.1}/{:.1} s)",
-                    t.insert_waits,
-                    t.sample_waits,
-                    t.insert_wait.as_secs_f64(),
-                    t.sample_wait.as_secs_f64()
+                    t.waits.insert_waits,
+                    t.waits.sample_waits,
+                    t.waits.insert_wait.as_secs_f64(),
+                    t.waits.sample_wait.as_secs_f64()
                 ),
-                format!("{} ({:.3} s)", t.lock_waits, t.lock_wait.as_secs_f64()),
+                format!("{} ({:.3} s)", t.waits.lock_waits, t.waits.lock_wait.as_secs_f64()),
             );
         }
     }

@@ -162,12 +162,18 @@ struct TablesFile {
     metrics: Option<gear_net::MetricsConfig>,
 }
 
+/// Reads the config file at `path` and parses it with `parse`; errors
+/// name the file.
+fn load_with<T>(path: &Path, parse: impl FnOnce(&str) -> Result<T>) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
+    parse(&text).map_err(|e| Error::Config(format!("{}: {}", path.display(), strip_config_prefix(&e))))
+}
+
 impl ServeConfig {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {}", path.display(), strip_config_prefix(&e))))
+        load_with(path, Self::parse)
     }
 
     /// Parses config text: `[[tables]]` entries, or one table's keys at the
@@ -301,9 +307,7 @@ impl TableConfig {
     /// Reads and checks a one-table config file (a `[[tables]]` file is
     /// refused: read it with [`ServeConfig::load`]).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {}", path.display(), strip_config_prefix(&e))))
+        load_with(path, Self::parse)
     }
 
     /// Parses one-table config text.

@@ -4,11 +4,12 @@
 use super::{status, ClusterClient};
 use crate::error::Result;
 use crate::proto::{InfoReply, ListTablesRequest};
+use gear_api::WaitStats;
 use std::time::Duration;
 
 /// One table of a shard and its counters, as the shard reported them.
-/// `inserts` to `bytes_out` count every process using the table; the waits
-/// count the server process's calls only.
+/// `inserts` to `bytes_out` count every process using the table; `waits`
+/// the server process's calls only.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TableStatus {
     /// The table's name on the shard.
@@ -37,18 +38,8 @@ pub struct TableStatus {
     pub rpc_bytes_received: u64,
     /// Window bytes sent in `Sample` replies.
     pub rpc_bytes_sent: u64,
-    /// Inserts that waited for the rate limiter, and how long in all.
-    pub insert_waits: u64,
-    /// Their time waiting.
-    pub insert_wait: Duration,
-    /// Samples that waited for the rate limiter or data, and how long.
-    pub sample_waits: u64,
-    /// Their time waiting.
-    pub sample_wait: Duration,
-    /// Takes of the table lock that found it held.
-    pub lock_waits: u64,
-    /// Their time waiting.
-    pub lock_wait: Duration,
+    /// The server process's waits on the table.
+    pub waits: WaitStats,
 }
 
 /// A time in seconds from the network as a duration (0 when absurd).
@@ -72,12 +63,14 @@ impl From<&InfoReply> for TableStatus {
             bytes_out: i.bytes_gathered,
             rpc_bytes_received: i.rpc_bytes_received,
             rpc_bytes_sent: i.rpc_bytes_sent,
-            insert_waits: i.insert_waits,
-            insert_wait: seconds(i.insert_wait_seconds),
-            sample_waits: i.sample_waits,
-            sample_wait: seconds(i.sample_wait_seconds),
-            lock_waits: i.lock_waits,
-            lock_wait: seconds(i.lock_wait_seconds),
+            waits: WaitStats {
+                insert_waits: i.insert_waits,
+                insert_wait: seconds(i.insert_wait_seconds),
+                sample_waits: i.sample_waits,
+                sample_wait: seconds(i.sample_wait_seconds),
+                lock_waits: i.lock_waits,
+                lock_wait: seconds(i.lock_wait_seconds),
+            },
         }
     }
 }
