@@ -191,3 +191,32 @@ fn this_process_waits_are_counted_by_kind() {
     let info = table.info().unwrap();
     assert!(info.insert_wait >= w.insert_wait && info.sample_wait >= w.sample_wait);
 }
+
+#[test]
+fn takes_of_a_held_table_lock_are_counted() {
+    let table = ReplayTable::builder(spec(4)).build().unwrap();
+    insert(&table, 1, None).unwrap();
+    assert_eq!(table.wait_stats().lock_waits, 0, "nothing contended yet");
+    // One thread holds the lock for a few milliseconds at a time (a long
+    // list of stale priority updates is walked under it) while another
+    // takes it for `info`, until a take finds it held.
+    let stale: Vec<(SlotKey, f64)> = (0..1_000_000).map(|_| (SlotKey { slot: 0, generation: 7 }, 1.0)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holder = {
+        let (table, stop) = (table.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(table.update_priorities(&stale).unwrap(), 0);
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while table.wait_stats().lock_waits == 0 && std::time::Instant::now() < deadline {
+        table.info().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    holder.join().unwrap();
+    let w = table.wait_stats();
+    assert!(w.lock_waits > 0 && w.lock_wait > Duration::ZERO, "no contended take was counted: {w:?}");
+    assert_eq!((w.insert_waits, w.sample_waits), (0, 0));
+}
