@@ -150,7 +150,7 @@ impl ShardService {
     /// `served`'s counters as `Info` and `ListTables` report them.
     fn info_reply(&self, served: &ServedTable) -> std::result::Result<InfoReply, Status> {
         let i = served.table.info().map_err(table_status)?;
-        let (_, total_mass, min_mass) = table_masses(&served.table)?;
+        let (total_mass, min_mass) = selection_masses(&served.table)?;
         let waits = served.table.wait_stats();
         Ok(InfoReply {
             shard: self.shard,
@@ -349,14 +349,17 @@ impl ShardService {
     }
 }
 
-/// `table`'s size, total mass and smallest mass; deterministic strategies
-/// report a total mass of zero (they cannot be spread over shards by mass).
+/// `table`'s size, total mass and smallest mass (see `selection_masses`).
 fn table_masses(table: &ReplayTable) -> std::result::Result<(u64, f64, f64), Status> {
     let size = table.info().map_err(table_status)?.size;
-    match table.selection_mass().map_err(table_status)? {
-        Some(m) => Ok((size, m.total, m.min)),
-        None => Ok((size, 0.0, 0.0)),
-    }
+    let (total, min) = selection_masses(table)?;
+    Ok((size, total, min))
+}
+
+/// `table`'s total and smallest mass; deterministic strategies report a
+/// total mass of zero (they cannot be spread over shards by mass).
+fn selection_masses(table: &ReplayTable) -> std::result::Result<(f64, f64), Status> {
+    Ok(table.selection_mass().map_err(table_status)?.map_or((0.0, 0.0), |m| (m.total, m.min)))
 }
 
 /// Runs `f` on a blocking thread, turning a panic or cancellation into a status.
