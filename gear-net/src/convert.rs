@@ -198,6 +198,7 @@ mod tests {
                 timeout_ms,
                 ranges: false,
                 incarnation: 0,
+                data_plane_session: 0,
                 table: String::new(),
             };
             if let Ok(config) = Limits::new(1 << 20).sample_config(&spec(), &req) {

@@ -228,7 +228,7 @@ impl ShardService {
             )));
         }
         if request.get_ref().ranges {
-            let reply = self.sample_ranges(served, request.into_inner()).await;
+            let reply = self.sample_ranges((index, served), request.into_inner()).await;
             timer.finish(reply.is_ok());
             return Ok(reply?.map(SampleReplyOut::from));
         }
