@@ -4,6 +4,7 @@
 //!
 //! ```toml
 //! shards = ["node0:50051", "node1:50051", "node2:50051"]  # index = shard id
+//! # table = "replay"              # the table clients use (else each shard's only one)
 //! # token = "..."                 # else the GEAR_TOKEN environment variable
 //! # call_timeout_ms = 10000       # deadline of every call
 //! # connect_timeout_ms = 1000
@@ -38,6 +39,9 @@ use std::time::Duration;
 pub struct ClusterFile {
     /// `host:port` of each shard server, in shard order.
     pub shards: Vec<String>,
+    /// The table clients use, by its name on the shards (else each
+    /// shard's only table).
+    pub table: Option<String>,
     /// The cluster token (else `$GEAR_TOKEN`).
     pub token: Option<String>,
     /// Deadline of every call, in milliseconds.
@@ -110,6 +114,13 @@ impl ClusterFile {
     pub fn client_config(&self) -> Result<ClusterConfig> {
         let token = crate::auth::resolve_token(self.token.as_deref())?;
         let mut config = ClusterConfig::new(self.shards.clone(), token);
+        if let Some(table) = &self.table {
+            crate::server::check_table_name(table).map_err(|e| match e {
+                Error::Config(what) => Error::Config(format!("table: {what}")),
+                e => e,
+            })?;
+            config.table = table.clone();
+        }
         config.rdma = self.rdma.clone();
         if let Some(ms) = self.call_timeout_ms {
             config.call_timeout = Duration::from_millis(ms);
