@@ -49,7 +49,7 @@ pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
 pub use table::{
     latest_checkpoint, AttachOptions, CheckpointReport, CommittedTrajectory, NewItem, PoolConfig, ReplayTable,
-    SlotCounts, StoredItem, TableBuilder, TableInfo,
+    SlotCounts, StoredItem, TableBuilder, TableInfo, WaitStats,
 };
 pub use transitions::{Observations, TransitionConfig, TransitionSampler, Transitions};
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
