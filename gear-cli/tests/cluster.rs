@@ -607,3 +607,124 @@ fn a_server_of_two_tables_checkpoints_and_restores_both() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// `gear serve` with a `[[tables]]` config whose tables hold items, each
+/// with its own pattern: `windows` (prioritized windows of 4 steps every
+/// 2) and `dqn` (one-step transitions, uniform, room for 4 trajectories
+/// so later inserts evict). Remote inserts make the pattern's items on the
+/// shard; every sampled row is an item's window of the bytes written,
+/// under an item key; priority updates by item key apply, and an evicted
+/// trajectory's item keys (and a trajectory's key once evicted) report
+/// stale.
+#[test]
+fn a_server_of_item_tables_makes_samples_and_retires_items_per_table() {
+    with_deadline(120, || {
+        let dir = temp_dir("items");
+        let columns = format!(
+            "[[tables.columns]]\nname = \"id\"\ndtype = \"i64\"\n[[tables.columns]]\nname = \"t\"\ndtype = \"i32\"\n\
+             [[tables.columns]]\nname = \"obs\"\ndtype = \"u8\"\nshape = [{OBS}]\n"
+        );
+        let pid = std::process::id();
+        let text = format!(
+            r#"[[tables]]
+name = "windows"
+shm_name = "gear-cli-windows-{pid}"
+dir = "{dir}"
+max_len = {MAX_LEN}
+capacity = 8
+items_per_trajectory = 8
+{columns}[tables.sampler]
+kind = "prioritized"
+alpha = 1.0
+beta = 1.0
+[tables.items]
+pattern = "windows"
+len = 4
+stride = 2
+tail = false
+
+[[tables]]
+name = "dqn"
+shm_name = "gear-cli-dqn-{pid}"
+dir = "{dir}"
+max_len = {MAX_LEN}
+capacity = 4
+items_per_trajectory = {MAX_LEN}
+{columns}[tables.sampler]
+kind = "uniform"
+[tables.items]
+pattern = "transitions"
+n_step = 1
+
+[grpc]
+listen = "127.0.0.1:0"
+shard = 0
+"#,
+            dir = dir.display()
+        );
+        let config = dir.join("items.toml");
+        std::fs::write(&config, text).unwrap();
+        let server = ShardProcess::spawn(&config, Some(TOKEN), &[]).unwrap();
+        let windows = table_client(&server.addr, "windows");
+        let dqn = table_client(&server.addr, "dqn");
+        assert_eq!(windows.spec(0).unwrap().0.items_per_trajectory(), 8);
+        assert_eq!(dqn.spec(0).unwrap().0.items_per_trajectory(), MAX_LEN);
+
+        // 10 steps: windows starting at 0, 2, 4, 6 (no tail); 9 transitions.
+        let traj_keys =
+            windows.insert(WriteTarget::Shard(0), (1..=3).map(|id| trajectory(id, 10)).collect(), 0).unwrap();
+        assert_eq!(windows.info(0).unwrap().size, 12, "four windows per trajectory");
+        let window = WindowSpec::first(4);
+        let request = ClusterSample { rows: 64, window, columns: vec![] };
+        let mut items = std::collections::HashSet::new();
+        for _ in 0..6 {
+            let b = windows.sample(&request).unwrap();
+            assert!(b.lost.is_empty(), "{:?}", b.lost);
+            check_rows(&b, window);
+            for r in 0..b.keys.len() {
+                let k = b.keys[r];
+                assert!(gear_core::SlotKey { slot: k.slot, generation: k.generation }.is_item(), "row {r}: {k:?}");
+                assert_eq!(b.lengths[r], 4, "row {r}: an item is four steps");
+                assert!(b.starts[r] % 2 == 0 && b.starts[r] <= 6, "row {r}: starts at {}", b.starts[r]);
+                items.insert(k);
+            }
+        }
+        assert_eq!(items.len(), 12, "every window of every trajectory drawn");
+        // One item keeps its priority, the rest next to none: only it is drawn.
+        let keep = *items.iter().next().unwrap();
+        let updates: Vec<_> = items.iter().map(|&k| (k, if k == keep { 4.0 } else { 1e-12 })).collect();
+        assert_eq!(windows.update_priorities(&updates).unwrap(), 12);
+        let b = windows.sample(&request).unwrap();
+        check_rows(&b, window);
+        assert!(b.keys.iter().all(|&k| k == keep), "only the item with a priority is drawn");
+        assert!(traj_keys.iter().all(|k| !gear_core::SlotKey { slot: k.slot, generation: k.generation }.is_item()));
+
+        // dqn: two-step transition items; 4 trajectories of 5 steps, then
+        // 4 more evict them (FIFO), and every key of the first 4 is stale.
+        let first = dqn.insert(WriteTarget::Shard(0), (11..=14).map(|id| trajectory(id, 5)).collect(), 0).unwrap();
+        assert_eq!(dqn.info(0).unwrap().size, 16, "four transitions per 5-step trajectory");
+        let two = WindowSpec::first(2);
+        let mut old_items = std::collections::HashSet::new();
+        for _ in 0..8 {
+            let b = dqn.sample(&ClusterSample { rows: 64, window: two, columns: vec![] }).unwrap();
+            check_rows(&b, two);
+            assert!(b.lengths.iter().all(|&n| n == 2), "a transition is (t, t + 1)");
+            old_items.extend(b.keys.iter().copied());
+        }
+        assert_eq!(old_items.len(), 16);
+        dqn.insert(WriteTarget::Shard(0), (21..=24).map(|id| trajectory(id, 5)).collect(), 0).unwrap();
+        let info = dqn.info(0).unwrap();
+        assert_eq!((info.size, info.evictions), (16, 4), "{info:?}");
+        let stale: Vec<_> = old_items.iter().chain(&first).map(|&k| (k, 2.0)).collect();
+        assert_eq!(dqn.update_priorities(&stale).unwrap(), 0, "evicted items' and trajectories' keys are stale");
+        for _ in 0..4 {
+            let b = dqn.sample(&ClusterSample { rows: 64, window: two, columns: vec![] }).unwrap();
+            assert!((21..=24).contains(&ids(&b, two)[0]) && ids(&b, two).iter().all(|id| (21..=24).contains(id)));
+            assert!(b.keys.iter().all(|k| !old_items.contains(k)), "no evicted item drawn");
+        }
+        // The windows table was left alone by the other table's evictions.
+        assert_eq!(windows.info(0).unwrap().size, 12);
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
