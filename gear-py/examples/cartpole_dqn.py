@@ -1,5 +1,9 @@
-"""CartPole DQN on a shared GEAR table: actor processes write transitions,
-a learner samples them with prioritized replay and updates priorities.
+"""CartPole DQN on a shared GEAR table: actor processes write episodes step
+by step, each step's observation stored once; the table's items are the
+transitions (t, t + 1) over them (`gear.ItemPattern.transitions()`), so a
+learner's `obs` and `next_obs` come from the same stored frames. The
+learner samples transitions with prioritized replay (a priority per
+transition) and updates priorities by item key.
 
 NumPy only: CartPole (the classic Barto, Sutton & Anderson dynamics, as in
 Gymnasium's CartPole-v1: 500-step episodes, reward 1 per step) and a small
@@ -54,9 +58,9 @@ class CartPole:
         return self.state.astype(np.float32)
 
     def step(self, action: np.ndarray):
-        """Returns (next obs, reward, terminated, finished-episode returns);
-        finished environments are reset (the next obs returned is the
-        terminal one, as a transition needs)."""
+        """Returns (next obs, reward, terminated, ended, finished-episode
+        returns); ended (terminated or truncated) environments are reset
+        (the next obs returned is the last one of the episode)."""
         x, x_dot, theta, theta_dot = self.state.T
         force = np.where(action == 1, 10.0, -10.0)
         cos, sin = np.cos(theta), np.sin(theta)
@@ -79,7 +83,7 @@ class CartPole:
             self.state[done] = self.rng.uniform(-0.05, 0.05, (int(done.sum()), 4))
             self.steps[done] = 0
             self.returns[done] = 0.0
-        return next_obs, np.ones(self.n, np.float32), terminated, finished
+        return next_obs, np.ones(self.n, np.float32), terminated, done, finished
 
 
 def init_params(rng: np.random.Generator) -> list:
@@ -123,18 +127,19 @@ class Adam:
             a -= self.lr * (m / (1 - 0.9**self.t)) / (np.sqrt(v / (1 - 0.999**self.t)) + 1e-8)
 
 
-def train_step(p, target, opt, batch):
-    """One double-DQN update (Huber loss, importance weights); returns the
-    loss and the absolute TD errors."""
-    obs, act = batch["obs"][:, 0], batch["action"][:, 0]
-    rew, nxt, done = batch["reward"][:, 0], batch["next_obs"][:, 0], batch["done"][:, 0]
+def train_step(p, target, opt, batch, weights):
+    """One double-DQN update (Huber loss, importance weights) on a
+    transition batch (`obs` [B, 4], `next_obs`, `action` [B], `reward`,
+    `discount`: gamma, or 0 after a terminal step) with the rows'
+    importance weights; returns the loss and the absolute TD errors."""
+    obs, act, rew, nxt = batch["obs"], batch["action"], batch["reward"], batch["next_obs"]
     q, (h1, h2) = q_values(p, obs)
     best = q_values(p, nxt)[0].argmax(1)
     q_next = q_values(target, nxt)[0][np.arange(len(best)), best]
-    y = rew + GAMMA * (1.0 - done) * q_next
+    y = rew + batch["discount"] * q_next
     rows = np.arange(len(act))
     td = q[rows, act] - y
-    w = batch.weights.astype(np.float32)
+    w = weights.astype(np.float32)
     huber = np.where(np.abs(td) < 1, 0.5 * td**2, np.abs(td) - 0.5)
     loss = float((w * huber).mean())
     dq = np.zeros_like(q)
@@ -150,7 +155,10 @@ def train_step(p, target, opt, batch):
 
 def actor(table_name: str, weights_name: str, shapes: list, seed: int, envs: int, steps: int, eps_steps: int) -> None:
     """Runs `envs` environments epsilon-greedily with the learner's latest
-    weights, writing every transition; ends when the table closes."""
+    weights, writing each episode as a trajectory (step t: its observation,
+    action, reward and whether the action ended the episode; the episode's
+    last observation as a last step), which commits with its transition
+    items; ends when the table closes."""
     table = gear.Table.attach(table_name)
     shm = shared_memory.SharedMemory(name=weights_name)
     like = [np.zeros(s, np.float32) for s in shapes]
@@ -159,22 +167,33 @@ def actor(table_name: str, weights_name: str, shapes: list, seed: int, envs: int
     env = CartPole(envs, seed)
     rng = np.random.default_rng(seed + 1000)
     writer = table.writer()
+    episodes = []
     obs = env.obs()
     try:
+        episodes = [writer.trajectory() for _ in range(envs)]
         while True:
             done_steps = table.inserts
             eps = max(0.05, 1.0 - done_steps / eps_steps)
             q = q_values(unflat(weights.copy(), like), obs)[0]
             action = np.where(rng.random(envs) < eps, rng.integers(0, 2, envs), q.argmax(1))
-            nxt, rew, terminated, _ = env.step(action)
-            writer.insert_batch({"obs": obs, "action": action.astype(np.int64), "reward": rew,
-                                 "next_obs": nxt, "done": terminated.astype(np.float32)})
+            nxt, rew, terminated, ended, _ = env.step(action)
+            for i, episode in enumerate(episodes):
+                episode.append(obs=obs[i], action=int(action[i]), reward=rew[i], done=bool(terminated[i]))
+                if ended[i]:
+                    # The observation after the last action: the last
+                    # transition's next_obs (a truncated episode bootstraps
+                    # from it, a terminated one has discount 0).
+                    episode.append(obs=nxt[i], action=0, reward=0.0, done=False)
+                    episode.end()
+                    episodes[i] = writer.trajectory()
             obs = env.obs()
             if done_steps >= steps:
                 break
     except gear.ClosedError:
         pass
     finally:
+        for episode in episodes:
+            episode.abandon()
         del weights
         shm.close()
 
@@ -184,7 +203,7 @@ def evaluate(p: list, episodes: int, seed: int) -> float:
     alive = np.ones(episodes, bool)
     total = np.zeros(episodes)
     for _ in range(500):
-        nxt, _, terminated, _ = env.step(q_values(p, env.obs())[0].argmax(1))
+        nxt, _, terminated, _, _ = env.step(q_values(p, env.obs())[0].argmax(1))
         total += alive
         alive &= ~terminated
         if not alive.any():
@@ -203,10 +222,14 @@ def main() -> int:
     rng = np.random.default_rng(args.seed)
     name = f"gear-cartpole-{os.getpid()}"
     batch_size, updates_per_insert = 64, 0.5
+    # Episodes of at most 500 steps plus the last observation; one
+    # transition item per step (times sampled, priorities and the rate
+    # limiter count transitions). 400 episodes hold 50,000 transitions once
+    # episodes last 125 steps; each frame is stored once.
     table = gear.Table(
-        [("obs", "float32", (4,)), ("action", "int64"), ("reward", "float32"), ("next_obs", "float32", (4,)),
-         ("done", "float32")],
-        max_len=1, capacity=50_000, sampler="prioritized", alpha=0.6, beta=0.4, name=name, seed=args.seed,
+        [("obs", "float32", (4,)), ("action", "int64"), ("reward", "float32"), ("done", "bool")],
+        max_len=501, capacity=400, sampler="prioritized", alpha=0.6, beta=0.4, name=name, seed=args.seed,
+        items_per_trajectory=500, item_pattern=gear.ItemPattern.transitions(1),
         # Learner and actors paced: 32 sampled rows per inserted transition.
         rate_limiter=gear.RateLimiter.sample_to_insert_ratio(batch_size * updates_per_insert, 1000, 4000.0),
     )
@@ -223,13 +246,14 @@ def main() -> int:
              for i in range(args.actors)]
     for p in procs:
         p.start()
-    sampler = table.sampler(batch_size=batch_size, window=1, timeout=60.0)
+    sampler = table.transition_sampler(batch_size, obs="obs", action="action", reward="reward", done="done",
+                                       gamma=GAMMA, timeout=60.0)
     sync_every, losses, updates, solved_at = 250, [], 0, None
     started = time.monotonic()
     try:
         while table.inserts < args.steps:
             batch = sampler.sample()
-            loss, td = train_step(params, target, opt, batch)
+            loss, td = train_step(params, target, opt, batch, batch.weights)
             table.update_priorities(batch.keys, td + 1e-3)
             losses.append(loss)
             updates += 1

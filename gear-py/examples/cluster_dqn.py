@@ -45,7 +45,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cartpole_dqn import Adam, CartPole, evaluate, flat, init_params, q_values, train_step, unflat  # noqa: E402
+from cartpole_dqn import GAMMA, Adam, CartPole, evaluate, flat, init_params, q_values, train_step, unflat  # noqa: E402
 
 import gear  # noqa: E402
 
@@ -123,7 +123,7 @@ def actor(cluster: gear.Cluster, progress_name: str, weights_name: str, shapes: 
             eps = max(0.05, 1.0 - inserted / eps_steps)
             q = q_values(unflat(weights.copy(), like), obs)[0]
             action = np.where(rng.random(envs) < eps, rng.integers(0, 2, envs), q.argmax(1))
-            nxt, rew, terminated, _ = env.step(action)
+            nxt, rew, terminated, _, _ = env.step(action)
             writer.insert_batch({"obs": obs, "action": action.astype(np.int64), "reward": rew, "next_obs": nxt,
                                  "done": terminated.astype(np.float32)})
             progress[0] += envs  # racy across actors by a few steps at most; only paces
@@ -197,7 +197,12 @@ def train(cluster: gear.Cluster, args) -> int:
                 continue
             batch = sampler.sample()
             lost |= set(batch.lost)
-            loss, td = train_step(params, target, opt, batch)
+            # One-step rows of whole transitions (obs and next_obs stored
+            # side by side on the shards), as the local example's
+            # transition batch has them.
+            rows = {"obs": batch["obs"][:, 0], "next_obs": batch["next_obs"][:, 0], "action": batch["action"][:, 0],
+                    "reward": batch["reward"][:, 0], "discount": GAMMA * (1.0 - batch["done"][:, 0])}
+            loss, td = train_step(params, target, opt, rows, batch.weights)
             cluster.update_priorities(batch.keys, td + 1e-3)
             losses.append(loss)
             updates += 1

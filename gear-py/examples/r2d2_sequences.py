@@ -1,10 +1,14 @@
-"""Sequence windows for a recurrent or transformer learner (R2D2-style):
-an actor process writes whole episodes online, step by step, into a shared
-table; the learner samples windows of `burn_in + unroll` steps starting at
-random points of stored episodes, uses the first `burn_in` steps only to
-warm its state up and learns on the rest (masked where an episode is
-shorter), then sets each sequence's priority from its TD errors
-(p = 0.9 max|d| + 0.1 mean|d|, `gear.sequence_priority`).
+"""Sequence windows for a recurrent or transformer learner (R2D2-style),
+each window with a priority of its own: an actor process writes whole
+episodes online, step by step, into a shared table whose items are the
+windows of `burn_in + unroll` steps every `unroll` steps of each episode
+(`gear.ItemPattern.windows`, the shorter tail window included; R2D2's
+80 every 40 with a burn-in of 40 is `windows(80, 40)`). Episodes are
+stored once; the windows overlap by `burn_in` steps. The learner samples
+windows by their priorities, uses the first `burn_in` steps only to warm
+its state up and learns on the rest (masked where the tail window is
+shorter), then sets each window's priority from its TD errors
+(p = 0.9 max|d| + 0.1 mean|d|, `gear.sequence_priority`) by its item key.
 
 The learner here is a linear TD(0) value function over a window of
 observations, small enough for NumPy; the table side (episodes, random-start
@@ -40,7 +44,7 @@ def actor(name: str, seed: int) -> None:
             with writer.trajectory() as episode:
                 while True:
                     obs = env.obs()[0]
-                    _, reward, terminated, finished = env.step(rng.integers(0, 2, 1))
+                    _, reward, terminated, _, finished = env.step(rng.integers(0, 2, 1))
                     episode.append(obs=obs, reward=reward[0], done=bool(terminated[0]))
                     if len(finished):
                         break
@@ -54,13 +58,18 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     name = f"gear-r2d2-{os.getpid()}"
+    window = BURN_IN + UNROLL
+    pattern = gear.ItemPattern.windows(window, UNROLL, tail=True)
     table = gear.Table([("obs", "float32", (4,)), ("reward", "float32"), ("done", "bool")],
                        max_len=500, capacity=2000, sampler="prioritized", alpha=0.9, beta=0.6, name=name,
-                       seed=args.seed, rate_limiter=gear.RateLimiter.min_size(20))
+                       seed=args.seed, rate_limiter=gear.RateLimiter.min_size(20),
+                       items_per_trajectory=pattern.count(500), item_pattern=pattern)
     child = mp.get_context("spawn").Process(target=actor, args=(name, args.seed))
     child.start()
-    window = BURN_IN + UNROLL
-    sampler = table.sampler(batch_size=32, window=window, random_start=True, timeout=60.0)
+    # Each row is one window item from its first step (a tail window is
+    # padded at its end and masked).
+    sampler = table.sampler(batch_size=32, window=window, offset=0, timeout=60.0)
+    windows_seen = set()
     weights, lr, losses = np.zeros(5), 0.01, []
     try:
         for update in range(1, args.updates + 1):
@@ -79,15 +88,17 @@ def main() -> int:
             weights -= lr * grad.sum((0, 1)) / max(mask.sum(), 1)
             losses.append(float((w * td**2).sum() / max(mask.sum(), 1)))
             priorities = [gear.sequence_priority(td[r][mask[r]]) if mask[r].any() else 1e-3 for r in range(len(td))]
-            table.update_priorities(batch.keys, np.asarray(priorities) + 1e-3)
+            applied = table.update_priorities(batch.keys, np.asarray(priorities) + 1e-3)
+            windows_seen.update(int(k) for k in batch.keys)
             if update % 200 == 0:
-                print(f"update {update:5d}  episodes {table.inserts:5d}  td loss {np.mean(losses[-200:]):.4f}  "
-                      f"masked steps {1 - batch.mask.mean():.2f}", flush=True)
+                print(f"update {update:5d}  windows stored {len(table):5d}  td loss {np.mean(losses[-200:]):.4f}  "
+                      f"masked steps {1 - batch.mask.mean():.2f}  priorities applied {applied}/32", flush=True)
     finally:
         table.close()
         child.join(timeout=30)
         if child.is_alive():
             child.kill()
+    print(f"{len(windows_seen)} distinct windows trained on, each with its own priority")
     return 0 if child.exitcode == 0 else 1
 
 

@@ -422,7 +422,12 @@ impl Batch {
                     return Ok(column.clone_ref());
                 }
             }
-            return Err(Error::Spec("a batch from sample_into holds your own arrays; export those".into()).into());
+            return Err(Error::Spec(
+                "this batch's columns are arrays of their own (sample_into's, or a transition batch's); \
+                 export those"
+                    .into(),
+            )
+            .into());
         };
         let (i, info) =
             self.infos.iter().enumerate().find(|(_, c)| c.name == name).ok_or_else(|| {

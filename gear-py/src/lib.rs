@@ -20,6 +20,7 @@ mod dlpack;
 mod dtype;
 pub mod error;
 mod hdf5;
+mod items;
 mod sampler;
 mod table;
 mod wait;
@@ -45,6 +46,8 @@ fn _gear(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_class::<writer::Trajectory>()?;
     m.add_class::<sampler::Sampler>()?;
+    m.add_class::<items::ItemPattern>()?;
+    m.add_class::<items::TransitionSampler>()?;
     m.add_class::<batch::Batch>()?;
     m.add_class::<batch::BatchBuffer>()?;
     m.add_class::<batch::DlpackColumn>()?;

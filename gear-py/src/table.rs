@@ -4,10 +4,11 @@
 use crate::batch::ColumnInfo;
 use crate::dtype;
 use crate::error::{Error, Result};
+use crate::items::{keys_of, ItemPattern, TransitionSampler};
 use crate::sampler::Sampler;
 use crate::wait;
 use crate::writer::Writer;
-use gear_api::{AttachOptions, RateLimiterConfig, ReplayTable, SampleConfig};
+use gear_api::{AttachOptions, NewItem, RateLimiterConfig, ReplayTable, SampleConfig};
 use gear_core::{ColumnSpec, Pad, SlotKey, TableSpec, WindowSpec};
 use gear_sampler::{StrategyKind, StrategyParams};
 use pyo3::prelude::*;
@@ -110,6 +111,20 @@ fn strategy(name: &str) -> Result<StrategyKind> {
     name.parse().map_err(|e: gear_sampler::Error| Error::Spec(e.to_string()))
 }
 
+/// A column name or a list of them (`None`: `default`).
+fn names_of(value: Option<&Bound<'_, PyAny>>, default: &str) -> Result<Vec<String>> {
+    match value {
+        None => Ok(vec![default.to_owned()]),
+        Some(v) if v.is_none() => Ok(vec![default.to_owned()]),
+        Some(v) => match v.extract::<String>() {
+            Ok(name) => Ok(vec![name]),
+            Err(_) => v.extract::<Vec<String>>().map_err(|_| {
+                Error::Spec(format!("{default}: expected a column name or a list of them, got {}", dtype::repr(v)))
+            }),
+        },
+    }
+}
+
 /// Parses `columns`: a sequence of `(name, dtype)` or `(name, dtype, shape)`.
 fn parse_columns(columns: &Bound<'_, PyAny>) -> Result<Vec<ColumnSpec>> {
     let mut out = Vec::new();
@@ -174,6 +189,8 @@ struct TableOptions<'a> {
     seed: u64,
     sample_while_writing: bool,
     collector_threads: Option<usize>,
+    items_per_trajectory: u64,
+    item_pattern: Option<ItemPattern>,
 }
 
 impl TableOptions<'_> {
@@ -184,7 +201,8 @@ impl TableOptions<'_> {
         max_len: u64,
         capacity: u64,
     ) -> Result<(gear_api::TableBuilder, Arc<[ColumnInfo]>)> {
-        let spec = TableSpec::new(parse_columns(columns)?, max_len, capacity)?;
+        let spec = TableSpec::new(parse_columns(columns)?, max_len, capacity)?
+            .with_items_per_trajectory(self.items_per_trajectory)?;
         let infos = infos_of(&spec);
         let params = StrategyParams { alpha: self.alpha, beta: self.beta, stratified: self.stratified };
         let mut b = ReplayTable::builder(spec)
@@ -200,6 +218,15 @@ impl TableOptions<'_> {
         }
         if let Some(name) = self.name {
             b = b.shared_memory(name);
+        }
+        match (self.item_pattern, self.items_per_trajectory) {
+            (Some(_), 0) => {
+                return Err(Error::Spec(
+                    "item_pattern needs items_per_trajectory (items the table keeps per trajectory)".into(),
+                ))
+            }
+            (Some(p), _) => b = b.item_pattern(p.inner),
+            (None, _) => {}
         }
         b = match self.rate_limiter.map(|r| r.kind) {
             None => b,
@@ -241,12 +268,19 @@ impl Table {
     /// trajectory at most; `capacity`: trajectories. `sampler`/`remover`:
     /// `"uniform"`, `"prioritized"` (with `alpha`, `beta`), `"fifo"`,
     /// `"lifo"`, `"max-heap"`, `"min-heap"`. `name`: shared memory in
-    /// `/dev/shm` (`None`: process-private).
+    /// `/dev/shm` (`None`: process-private). `items_per_trajectory`: with
+    /// more than 0, the rows the strategies select are items, windows of
+    /// the stored trajectories with priorities of their own, up to this
+    /// many per trajectory; `item_pattern` (a `gear.ItemPattern`) is what
+    /// a trajectory committed without items of its own gets (default:
+    /// one item of all its steps). Times sampled, `max_times_sampled` and
+    /// the rate limiter then count items; evicting a trajectory removes
+    /// its items.
     #[new]
     #[pyo3(signature = (
         columns, max_len, capacity, *, sampler="uniform", remover="fifo", alpha=0.6, beta=0.4,
         stratified=true, max_times_sampled=None, rate_limiter=None, name=None, seed=0,
-        sample_while_writing=false, collector_threads=None
+        sample_while_writing=false, collector_threads=None, items_per_trajectory=0, item_pattern=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -265,6 +299,8 @@ impl Table {
         seed: u64,
         sample_while_writing: bool,
         collector_threads: Option<usize>,
+        items_per_trajectory: u64,
+        item_pattern: Option<ItemPattern>,
     ) -> PyResult<Self> {
         let options = TableOptions {
             sampler,
@@ -278,6 +314,8 @@ impl Table {
             seed,
             sample_while_writing,
             collector_threads,
+            items_per_trajectory,
+            item_pattern,
         };
         let (b, infos) = options.builder(columns, max_len, capacity)?;
         let inner = py.detach(|| b.build()).map_err(Error::from)?;
@@ -296,7 +334,7 @@ impl Table {
     #[pyo3(signature = (
         path, columns, max_len, capacity, *, sampler="uniform", remover="fifo", alpha=0.6, beta=0.4,
         stratified=true, max_times_sampled=None, rate_limiter=None, name=None, seed=0,
-        sample_while_writing=false, collector_threads=None
+        sample_while_writing=false, collector_threads=None, items_per_trajectory=0, item_pattern=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn restore(
@@ -316,6 +354,8 @@ impl Table {
         seed: u64,
         sample_while_writing: bool,
         collector_threads: Option<usize>,
+        items_per_trajectory: u64,
+        item_pattern: Option<ItemPattern>,
     ) -> PyResult<Self> {
         let options = TableOptions {
             sampler,
@@ -329,6 +369,8 @@ impl Table {
             seed,
             sample_while_writing,
             collector_threads,
+            items_per_trajectory,
+            item_pattern,
         };
         let (b, infos) = options.builder(columns, max_len, capacity)?;
         let inner = py.detach(|| b.restore(&path)).map_err(Error::from)?;
@@ -441,8 +483,8 @@ impl Table {
         Ok(py.detach(|| crate::cuda::CudaSampler::new(table, infos, config, device, ring))?)
     }
 
-    /// Sets priorities by key (arrays or lists). Keys of evicted
-    /// trajectories are ignored; a NaN, negative or infinite priority
+    /// Sets priorities by key (arrays or lists; trajectories' or items'
+    /// keys). Keys of evicted trajectories (and of their items) are ignored; a NaN, negative or infinite priority
     /// refuses the whole call. Returns how many were applied.
     fn update_priorities(
         &self,
@@ -450,20 +492,136 @@ impl Table {
         keys: &Bound<'_, PyAny>,
         priorities: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let np = py.import("numpy")?;
-        let keys: Vec<u64> = np
-            .call_method1("asarray", (keys, "uint64"))
-            .and_then(|a| a.call_method0("ravel"))
-            .and_then(|a| a.call_method0("tolist"))
-            .and_then(|l| l.extract())
-            .map_err(|e| Error::Step(format!("keys: expected unsigned 64-bit keys ({e})")))?;
+        let keys = keys_of(py, keys)?;
         let priorities = float_vec(priorities, "priorities")?;
         if keys.len() != priorities.len() {
             return Err(Error::Step(format!("{} keys but {} priorities", keys.len(), priorities.len())).into());
         }
-        let updates: Vec<(SlotKey, f64)> = keys.iter().map(|&k| SlotKey::from_u64(k)).zip(priorities).collect();
+        let updates: Vec<(SlotKey, f64)> = keys.into_iter().zip(priorities).collect();
         let table = &self.inner;
         Ok(py.detach(|| table.update_priorities(&updates)).map_err(Error::from)?)
+    }
+
+    /// Adds items to the committed trajectory `key`: item `i` is steps
+    /// `starts[i] .. starts[i] + lengths[i]`, with `priorities[i]` (`None`:
+    /// the strategy chooses). They are selectable when this returns. A
+    /// stale key raises `StaleKeyError`; a window past the trajectory's
+    /// steps or more items than it has room for raise and add nothing.
+    /// Returns the items' keys (`uint64`).
+    #[pyo3(signature = (key, starts, lengths, priorities=None))]
+    fn add_items<'py>(
+        &self,
+        py: Python<'py>,
+        key: u64,
+        starts: &Bound<'py, PyAny>,
+        lengths: &Bound<'py, PyAny>,
+        priorities: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let starts = keys_of(py, starts).map_err(|_| Error::Step("starts: expected non-negative ints".into()))?;
+        let lengths = keys_of(py, lengths).map_err(|_| Error::Step("lengths: expected non-negative ints".into()))?;
+        let priorities = match priorities {
+            Some(p) if !p.is_none() => Some(float_vec(p, "priorities")?),
+            _ => None,
+        };
+        if starts.len() != lengths.len() || priorities.as_ref().is_some_and(|p| p.len() != starts.len()) {
+            return Err(Error::Step(format!(
+                "{} starts, {} lengths and {} priorities: one each per item",
+                starts.len(),
+                lengths.len(),
+                priorities.as_ref().map_or(starts.len(), Vec::len)
+            ))
+            .into());
+        }
+        let items: Vec<NewItem> = (0..starts.len())
+            .map(|i| NewItem {
+                start: starts[i].to_u64(),
+                len: lengths[i].to_u64(),
+                priority: priorities.as_ref().map(|p| p[i]),
+            })
+            .collect();
+        let table = &self.inner;
+        let keys = py.detach(|| table.add_items(SlotKey::from_u64(key), &items)).map_err(Error::from)?;
+        Ok(numpy::PyArray1::from_vec(py, keys.iter().map(|k| k.to_u64()).collect()).into_any())
+    }
+
+    /// Adds to the committed trajectory `key` the items `pattern` (a
+    /// `gear.ItemPattern`) gives its steps, each with `priority`. Returns
+    /// their keys.
+    #[pyo3(signature = (key, pattern, priority=None))]
+    fn add_pattern_items<'py>(
+        &self,
+        py: Python<'py>,
+        key: u64,
+        pattern: ItemPattern,
+        priority: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let table = &self.inner;
+        let keys = py
+            .detach(|| table.add_pattern_items(SlotKey::from_u64(key), pattern.inner, priority))
+            .map_err(Error::from)?;
+        Ok(numpy::PyArray1::from_vec(py, keys.iter().map(|k| k.to_u64()).collect()).into_any())
+    }
+
+    /// The live items of the stored trajectory `key`, as a dict of arrays
+    /// (`keys`, `starts`, `lengths`, `priorities`, `times_sampled`); empty
+    /// arrays when the key is stale.
+    fn items_of<'py>(&self, py: Python<'py>, key: u64) -> PyResult<Bound<'py, PyDict>> {
+        let table = &self.inner;
+        let items = py.detach(|| table.items_of(SlotKey::from_u64(key))).map_err(Error::from)?;
+        let d = PyDict::new(py);
+        d.set_item("keys", numpy::PyArray1::from_vec(py, items.iter().map(|i| i.key.to_u64()).collect()))?;
+        d.set_item("starts", numpy::PyArray1::from_vec(py, items.iter().map(|i| i.start as i64).collect()))?;
+        d.set_item("lengths", numpy::PyArray1::from_vec(py, items.iter().map(|i| i.len as i64).collect()))?;
+        d.set_item("priorities", numpy::PyArray1::from_vec(py, items.iter().map(|i| i.priority).collect()))?;
+        d.set_item("times_sampled", numpy::PyArray1::from_vec(py, items.iter().map(|i| i.times_sampled).collect()))?;
+        Ok(d)
+    }
+
+    /// A sampler of DQN transitions over this table's transition items
+    /// (see `gear.TransitionSampler`): `obs`, one observation column or a
+    /// list of them (frame-stacked, `next_<name>` beside each); `action`,
+    /// one step column or a list (read at `t`); `reward`: the reward
+    /// column; `done`: the done column (non-zero after an episode's last
+    /// action), if any; `frame_stack`: frames per observation (stacks
+    /// reaching before an episode's first step repeat that frame);
+    /// `n_step`, `gamma`: the return.
+    #[pyo3(signature = (
+        batch_size, *, obs=None, action=None, reward="reward".to_owned(),
+        done=None, frame_stack=1, n_step=1, gamma=0.99, timeout=10.0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn transition_sampler(
+        &self,
+        py: Python<'_>,
+        batch_size: usize,
+        obs: Option<&Bound<'_, PyAny>>,
+        action: Option<&Bound<'_, PyAny>>,
+        reward: String,
+        done: Option<String>,
+        frame_stack: u64,
+        n_step: u64,
+        gamma: f64,
+        timeout: Option<f64>,
+    ) -> PyResult<TransitionSampler> {
+        Ok(TransitionSampler::new(
+            py,
+            &self.inner,
+            batch_size,
+            names_of(obs, "obs")?,
+            names_of(action, "action")?,
+            reward,
+            done,
+            frame_stack,
+            n_step,
+            gamma,
+            wait::seconds(timeout, "timeout")?,
+        )?)
+    }
+
+    /// Items each trajectory may hold (0: the rows are trajectories).
+    #[getter]
+    fn items_per_trajectory(&self) -> u64 {
+        self.inner.spec().items_per_trajectory()
     }
 
     /// Counters and rate-limiter state, as a dict.

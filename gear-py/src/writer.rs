@@ -253,6 +253,32 @@ impl Trajectory {
         Ok(self.finish(py, priority)?)
     }
 
+    /// Adds an item over steps `start .. start + length` of this
+    /// trajectory, which must be written already: it becomes selectable
+    /// when the trajectory ends, with `priority` (`None`: the strategy
+    /// chooses). A trajectory with items of its own does not get the
+    /// table's item pattern. Returns the item's key. A writer that dies
+    /// before `end` leaves its items with the steps it wrote.
+    #[pyo3(signature = (start, length, priority=None))]
+    fn add_item(&mut self, py: Python<'_>, start: u64, length: u64, priority: Option<f64>) -> PyResult<u64> {
+        let traj = self.open()?;
+        Ok(py.detach(|| traj.add_item(start, length, priority)).map_err(Error::from)?.to_u64())
+    }
+
+    /// `add_item` of each window `pattern` (a `gear.ItemPattern`) gives the
+    /// steps written so far, each with `priority`. Returns their keys.
+    #[pyo3(signature = (pattern, priority=None))]
+    fn add_items<'py>(
+        &mut self,
+        py: Python<'py>,
+        pattern: crate::items::ItemPattern,
+        priority: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let traj = self.open()?;
+        let keys = py.detach(|| traj.add_items(pattern.inner, priority)).map_err(Error::from)?;
+        Ok(numpy::PyArray1::from_vec(py, keys.iter().map(|k| k.to_u64()).collect()).into_any())
+    }
+
     /// Gives the slot back; nothing of the trajectory stays.
     fn abandon(&mut self, py: Python<'_>) {
         if let Some(traj) = self.inner.take() {

@@ -55,6 +55,7 @@ dir = "{dir}"
 max_len = {max_len}
 capacity = {capacity}
 seed = {shard}
+{top}
 {columns}
 [sampler]
 kind = "{sampler}"
@@ -109,10 +110,12 @@ class LocalCluster:
     directory (not /dev/shm), killed when the test ends."""
 
     def __init__(self, root: pathlib.Path, shards: int = 3, *, max_len: int = 16, capacity: int = 256,
-                 sampler: str = "prioritized", columns=None, extra: str = "", token: str = TOKEN):
+                 sampler: str = "prioritized", columns=None, extra: str = "", top: str = "", token: str = TOKEN):
         self.root, self.token = root, token
         self.columns = columns or [("id", "i64", ()), ("t", "i32", ()), ("obs", "u8", (48,))]
-        self.params = dict(max_len=max_len, capacity=capacity, sampler=sampler, extra=extra)
+        # `top`: keys at the config's top level (before any section), `extra`:
+        # sections after [sampler].
+        self.params = dict(max_len=max_len, capacity=capacity, sampler=sampler, extra=extra, top=top)
         self.servers = [self._start(s, "127.0.0.1:0") for s in range(shards)]
 
     def _start(self, shard: int, listen: str) -> ShardServer:

@@ -87,6 +87,8 @@ class Table:
         seed: int = 0,
         sample_while_writing: bool = False,
         collector_threads: Optional[int] = None,
+        items_per_trajectory: int = 0,
+        item_pattern: Optional[ItemPattern] = None,
     ) -> None: ...
     @staticmethod
     def restore(
@@ -106,6 +108,8 @@ class Table:
         seed: int = 0,
         sample_while_writing: bool = False,
         collector_threads: Optional[int] = None,
+        items_per_trajectory: int = 0,
+        item_pattern: Optional[ItemPattern] = None,
     ) -> Table:
         """A table as ``Table(...)`` makes it, filled from a checkpoint file or the newest in a directory."""
     def checkpoint(self, path: Union[str, os.PathLike[str]]) -> Dict[str, Any]:
@@ -143,6 +147,30 @@ class Table:
         ring: int = 2,
     ) -> CudaSampler:
         """A sampler gathering on a CUDA device (wheels built with the ``cuda`` feature only)."""
+    def add_items(
+        self, key: int, starts: ArrayLike, lengths: ArrayLike, priorities: Optional[ArrayLike] = None
+    ) -> np.ndarray:
+        """Adds items (windows with priorities) to a committed trajectory; returns their keys."""
+    def add_pattern_items(self, key: int, pattern: ItemPattern, priority: Optional[float] = None) -> np.ndarray:
+        """Adds the items ``pattern`` gives a committed trajectory's steps; returns their keys."""
+    def items_of(self, key: int) -> Dict[str, np.ndarray]:
+        """The live items of a stored trajectory: keys, starts, lengths, priorities, times_sampled."""
+    def transition_sampler(
+        self,
+        batch_size: int,
+        *,
+        obs: Union[str, Sequence[str], None] = None,
+        action: Union[str, Sequence[str], None] = None,
+        reward: str = "reward",
+        done: Optional[str] = None,
+        frame_stack: int = 1,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        timeout: Optional[float] = 10.0,
+    ) -> TransitionSampler:
+        """A sampler of DQN transitions over this table's transition items."""
+    @property
+    def items_per_trajectory(self) -> int: ...
     def update_priorities(self, keys: ArrayLike, priorities: ArrayLike) -> int:
         """Sets priorities by key; stale keys are ignored. Returns how many applied."""
     def info(self) -> Dict[str, Union[int, float]]:
@@ -164,6 +192,38 @@ class Table:
     def capacity(self) -> int: ...
     @property
     def columns(self) -> List[Tuple[str, str, List[int]]]: ...
+
+class ItemPattern:
+    """Which items a trajectory's steps give (windows of it with priorities of their own)."""
+
+    @staticmethod
+    def whole() -> ItemPattern:
+        """One item of all the trajectory's steps."""
+    @staticmethod
+    def none() -> ItemPattern:
+        """No item."""
+    @staticmethod
+    def windows(length: int, stride: int, tail: bool = False) -> ItemPattern:
+        """Windows of ``length`` steps every ``stride`` steps (with ``tail``, a shorter last one)."""
+    @staticmethod
+    def transitions(n_step: int = 1) -> ItemPattern:
+        """One item ``[t, t + n_step]`` per step that has a next step (DQN)."""
+    def count(self, steps: int) -> int:
+        """How many items a trajectory of ``steps`` steps gets."""
+    def windows_of(self, steps: int) -> List[Tuple[int, int]]:
+        """``(start, length)`` of each item a trajectory of ``steps`` steps gets."""
+
+class TransitionSampler:
+    """Batches of DQN transitions over transition items: obs, next_obs, step columns, reward, done, discount."""
+
+    def sample(self) -> Batch:
+        """Draws one batch of transitions (no window axis)."""
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def frame_stack(self) -> int: ...
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __next__(self) -> Batch: ...
 
 class Writer:
     """Hands out trajectories and inserts batches."""
@@ -187,6 +247,10 @@ class Trajectory:
         """Commits the trajectory and returns its key."""
     def abandon(self) -> None:
         """Gives the slot back."""
+    def add_item(self, start: int, length: int, priority: Optional[float] = None) -> int:
+        """Adds an item over written steps; selectable when the trajectory ends. Returns its key."""
+    def add_items(self, pattern: ItemPattern, priority: Optional[float] = None) -> np.ndarray:
+        """Adds the items ``pattern`` gives the steps written so far; returns their keys."""
     @property
     def key(self) -> int: ...
     @property
