@@ -450,14 +450,19 @@ fn a_writer_killed_mid_stream_loses_no_slot() {
     });
 }
 
+/// The columns of `trajectory`'s steps as a `[[tables]]` entry's.
+fn table_columns() -> String {
+    format!(
+        "[[tables.columns]]\nname = \"id\"\ndtype = \"i64\"\n[[tables.columns]]\nname = \"t\"\ndtype = \"i32\"\n\
+         [[tables.columns]]\nname = \"obs\"\ndtype = \"u8\"\nshape = [{OBS}]\n"
+    )
+}
+
 /// A `[[tables]]` config of a prioritized table `replay` and a queue
 /// `queue` (FIFO, every item sampled once), with gRPC and metrics on free
 /// ports; shared-memory names unique to this test run.
 fn two_table_config(dir: &std::path::Path) -> PathBuf {
-    let columns = format!(
-        "[[tables.columns]]\nname = \"id\"\ndtype = \"i64\"\n[[tables.columns]]\nname = \"t\"\ndtype = \"i32\"\n\
-         [[tables.columns]]\nname = \"obs\"\ndtype = \"u8\"\nshape = [{OBS}]\n"
-    );
+    let columns = table_columns();
     let pid = std::process::id();
     let text = format!(
         r#"[[tables]]
@@ -620,10 +625,7 @@ fn a_server_of_two_tables_checkpoints_and_restores_both() {
 fn a_server_of_item_tables_makes_samples_and_retires_items_per_table() {
     with_deadline(120, || {
         let dir = temp_dir("items");
-        let columns = format!(
-            "[[tables.columns]]\nname = \"id\"\ndtype = \"i64\"\n[[tables.columns]]\nname = \"t\"\ndtype = \"i32\"\n\
-             [[tables.columns]]\nname = \"obs\"\ndtype = \"u8\"\nshape = [{OBS}]\n"
-        );
+        let columns = table_columns();
         let pid = std::process::id();
         let text = format!(
             r#"[[tables]]
@@ -685,7 +687,7 @@ shard = 0
                 let k = b.keys[r];
                 assert!(gear_core::SlotKey { slot: k.slot, generation: k.generation }.is_item(), "row {r}: {k:?}");
                 assert_eq!(b.lengths[r], 4, "row {r}: an item is four steps");
-                assert!(b.starts[r] % 2 == 0 && b.starts[r] <= 6, "row {r}: starts at {}", b.starts[r]);
+                assert!(b.starts[r].is_multiple_of(2) && b.starts[r] <= 6, "row {r}: starts at {}", b.starts[r]);
                 items.insert(k);
             }
         }

@@ -318,10 +318,6 @@ impl TransitionSampler {
 
     /// The next batch; iteration stops when the table is closed.
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Batch>> {
-        match self.sample_batch(py) {
-            Ok(b) => Ok(Some(b)),
-            Err(Error::Gear(gear_api::Error::Closed)) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        crate::sampler::until_closed(self.sample_batch(py))
     }
 }

@@ -170,10 +170,16 @@ impl Sampler {
 
     /// The next batch; iteration stops when the table is closed.
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Batch>> {
-        match self.sample_batch(py) {
-            Ok(b) => Ok(Some(b)),
-            Err(Error::Gear(gear_api::Error::Closed)) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        until_closed(self.sample_batch(py))
+    }
+}
+
+/// A sampler's `__next__`: the batch, or the end of iteration once the
+/// table is closed.
+pub(crate) fn until_closed(sampled: Result<Batch>) -> PyResult<Option<Batch>> {
+    match sampled {
+        Ok(b) => Ok(Some(b)),
+        Err(Error::Gear(gear_api::Error::Closed)) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
