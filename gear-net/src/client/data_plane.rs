@@ -243,7 +243,7 @@ impl ClusterClient {
         match self.config.rdma.device_transport() {
             Ok(t) => Some(t),
             Err(e) => {
-                eprintln!("gear-net: rdma data plane unavailable ({e})");
+                tracing::info!("rdma data plane unavailable ({e})");
                 None
             }
         }
@@ -259,7 +259,7 @@ impl ClusterClient {
         match gear_tcp::TcpTransport::new(config) {
             Ok(t) => Some(Box::new(t)),
             Err(e) => {
-                eprintln!("gear-net: tcp data plane unavailable ({e})");
+                tracing::warn!("tcp data plane unavailable ({e})");
                 None
             }
         }
@@ -449,8 +449,8 @@ impl ClusterClient {
 
     fn mark_gather_only(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64, reason: &str) {
         let kind = st.transport.as_ref().map_or("the transport", |t| t.kind().name());
-        eprintln!(
-            "gear-net: shard {shard} ({}) does not serve {kind} ({reason}); its rows are gathered by the shard",
+        tracing::info!(
+            "shard {shard} ({}) does not serve {kind} ({reason}); its rows are gathered by the shard",
             self.config.shards[shard]
         );
         st.gather_only[shard] = Some(incarnation);

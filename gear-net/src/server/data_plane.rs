@@ -61,12 +61,14 @@ impl DataPlaneServer {
             Ok(server) => match server.expose(shard, incarnation, table.memory()) {
                 Ok(exposed) => Some((server, exposed)),
                 Err(e) => {
-                    eprintln!("gear-net: shard {shard}: rdma data plane off (exposing the region failed: {e})");
+                    tracing::warn!(
+                        "shard {shard}: rdma data plane off (exposing the region failed: {e}); serving tcp only"
+                    );
                     None
                 }
             },
             Err(e) => {
-                eprintln!("gear-net: shard {shard}: rdma data plane off ({e}); serving tcp only");
+                tracing::info!("shard {shard}: rdma data plane off ({e}); serving tcp only");
                 None
             }
         };
