@@ -1,28 +1,8 @@
 //! Cluster files: how trainers and actors reach the shard servers (TOML),
 //! and `gear cluster-info`, which reads one and asks every shard its
-//! counters.
-//!
-//! ```toml
-//! shards = ["node0:50051", "node1:50051", "node2:50051"]  # index = shard id
-//! # token = "..."                 # else the GEAR_TOKEN environment variable
-//! # call_timeout_ms = 10000       # deadline of every call
-//! # connect_timeout_ms = 1000
-//! # free_space_refresh_ms = 500   # WriteTarget::MostFree asks sizes this often
-//! # mass_refresh_ms = 100         # a shard's mass from its replies is used this long (0: ask every batch)
-//!
-//! [tls]                           # optional: the servers have tls_cert/tls_key
-//! ca = "ca.pem"                   # the CA that signed the servers' certificates
-//! domain = "gear.cluster.local"   # the name in their certificates (else each host)
-//! # cert = "client.pem"           # mutual TLS: this client's certificate
-//! # key = "client.key"            # and key
-//!
-//! [rdma]                          # optional: the RDMA device byte-range reads use
-//! # device = "mlx5_0"             # else the first device
-//! # port = 1                      # from 1
-//! # gid_index = 0                 # RoCE v2: usually not 0 (`show_gids`)
-//! ```
-//!
-//! Relative paths are taken from the working directory, as in `[grpc]`.
+//! counters. Every key: docs/CONFIG.md; `gear config example cluster`
+//! prints a commented one. Relative paths are taken from the working
+//! directory, as in `[grpc]`.
 
 use gear_api::{Error, Result};
 use gear_net::{ClientTls, ClusterClient, ClusterConfig, RdmaSettings};
@@ -77,7 +57,7 @@ impl ClusterFile {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("cannot read cluster file {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+        Self::parse(&text).map_err(|e| crate::config::in_file(path, e))
     }
 
     /// Parses cluster-file text.
@@ -117,12 +97,43 @@ impl ClusterFile {
     }
 }
 
+/// Whether `e` says the shard is not listening (yet): refused or
+/// unreachable connections, as right after `gear serve` starts (it listens
+/// once its table exists).
+fn not_up(e: &gear_net::Error) -> bool {
+    match e {
+        gear_net::Error::Status { status, .. } => status.code() == tonic::Code::Unavailable,
+        gear_net::Error::Transport(_) => true,
+        _ => false,
+    }
+}
+
 /// `gear cluster-info`: every shard's counters, or why it did not answer.
-pub fn cluster_info(path: &Path) -> Result<()> {
+/// A shard that is not listening yet is asked again for up to `wait`
+/// (saying so), so that this works right after the servers start.
+pub fn cluster_info(path: &Path, wait: Duration) -> Result<()> {
     let client = ClusterClient::new(ClusterFile::load(path)?.client_config()?).map_err(net)?;
+    let deadline = std::time::Instant::now() + wait;
     let mut failed = 0;
     for s in 0..client.shards() {
-        match client.info(s) {
+        let mut said = false;
+        let answer = loop {
+            match client.info(s) {
+                Err(e) if not_up(&e) && std::time::Instant::now() < deadline => {
+                    if !said {
+                        eprintln!(
+                            "shard {s} is not answering yet ({e}); it may still be starting (`gear serve` listens \
+                             once its table is created): waiting up to {:.0} s",
+                            deadline.saturating_duration_since(std::time::Instant::now()).as_secs_f64()
+                        );
+                        said = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                other => break other,
+            }
+        };
+        match answer {
             Ok(i) => println!(
                 "shard {s}: size {}/{} inserts {} samples {} evictions {} (incarnation {:#x})",
                 i.size, i.capacity, i.inserts, i.samples, i.evictions, i.incarnation
@@ -135,7 +146,7 @@ pub fn cluster_info(path: &Path) -> Result<()> {
         }
     }
     if failed > 0 {
-        return Err(Error::Backend(format!("{failed} of {} shards did not answer", client.shards()).into()));
+        return Err(Error::Config(format!("{failed} of {} shards did not answer", client.shards())));
     }
     Ok(())
 }

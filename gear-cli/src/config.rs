@@ -1,51 +1,7 @@
-//! Table configuration files for `gear serve --config FILE` (TOML):
-//!
-//! ```toml
-//! name = "atari"                 # shared-memory name processes attach by
-//! # dir = "/dev/shm"             # where the backing file goes
-//! max_len = 128                  # T, steps per trajectory
-//! capacity = 2048                # trajectories
-//! seed = 0
-//! sample_while_writing = false
-//! # max_times_sampled = 1
-//!
-//! [[columns]]
-//! name = "obs"
-//! dtype = "u8"
-//! shape = [84, 84]
-//!
-//! [[columns]]
-//! name = "reward"
-//! dtype = "f32"
-//! shape = []
-//!
-//! [sampler]                      # uniform, prioritized, fifo, lifo, max-heap, min-heap
-//! kind = "prioritized"
-//! alpha = 0.6
-//! beta = 0.4
-//!
-//! [remover]
-//! kind = "fifo"
-//!
-//! [rate_limiter]                 # optional; Reverb's semantics
-//! min_size_to_sample = 64
-//! samples_per_insert = 8.0       # with error_buffer: a ratio limiter
-//! error_buffer = 256.0
-//! # queue = 1000                 # instead: a queue of this size
-//!
-//! [grpc]                         # optional: answer remote clients (gear-net)
-//! listen = "0.0.0.0:50051"
-//! shard = 0                      # this server's index in the cluster
-//! # token = "..."                # else the GEAR_TOKEN environment variable
-//! # tls_cert = "server.pem"       # TLS: certificate chain and key (PEM)
-//! # tls_key = "server.key"
-//! # tls_client_ca = "ca.pem"      # mutual TLS: clients need a cert from this CA
-//!
-//! [grpc.rdma]                    # optional: the RDMA device of the data plane
-//! # device = "mlx5_0"            # else the first device
-//! # port = 1                     # from 1
-//! # gid_index = 0                # RoCE v2: usually not 0 (`show_gids`)
-//! ```
+//! Table configuration files for `gear serve --config FILE` (TOML). Every
+//! key, its type, default and an example: docs/CONFIG.md; `gear config
+//! example serve` prints a commented config that runs as it is
+//! (`examples.rs`). Unknown keys are refused with their line and column.
 
 use gear_api::{Error, Result};
 use gear_api::{PoolConfig, RateLimiterConfig, ReplayTable, TableBuilder};
@@ -139,6 +95,18 @@ fn one() -> u64 {
     1
 }
 
+/// `e`, said of the file `path`: a configuration or spec error gets the
+/// file's name in front of its message (once: `invalid configuration: a.toml:
+/// TOML parse error ...`), any other error is returned as it is.
+pub fn in_file(path: &Path, e: Error) -> Error {
+    match e {
+        Error::Config(what) => Error::Config(format!("{}: {what}", path.display())),
+        // A spec the file describes (an unknown dtype, a zero capacity).
+        Error::Core(what) => Error::Config(format!("{}: {what}", path.display())),
+        e => e,
+    }
+}
+
 /// Refuses absurd RDMA settings, naming the key under `prefix` (`grpc.`
 /// in a shard config, nothing in a cluster file).
 pub fn check_rdma(settings: &gear_net::RdmaSettings, prefix: &str) -> Result<()> {
@@ -149,11 +117,11 @@ pub fn check_rdma(settings: &gear_net::RdmaSettings, prefix: &str) -> Result<()>
 }
 
 impl TableConfig {
-    /// Reads and checks a config file.
+    /// Reads and checks a config file; errors name the file.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+        Self::parse(&text).map_err(|e| in_file(path, e))
     }
 
     /// Parses config text.
@@ -196,6 +164,13 @@ impl TableConfig {
             .seed(self.seed)
             .sample_while_writing(self.sample_while_writing);
         if let Some(r) = &self.remover {
+            if r.alpha.is_some() || r.beta.is_some() || r.stratified.is_some() {
+                return Err(Error::Config(
+                    "[remover]: alpha, beta and stratified are [sampler]'s (a prioritized remover uses them too); \
+                     give only `kind` here"
+                        .into(),
+                ));
+            }
             b = b.remover_kind(r.kind.parse()?);
         }
         if let Some(n) = self.max_times_sampled {
@@ -286,6 +261,7 @@ error_buffer = 16.0
         assert!(e(&EXAMPLE.replace("prioritized", "best")).contains("unknown selection strategy `best`"));
         assert!(e(&EXAMPLE.replace("capacity = 8", "capacity = 0")).contains("capacity is zero"));
         assert!(e(&EXAMPLE.replace("error_buffer = 16.0", "error_buffer = 1.0")).contains("can deadlock"));
+        assert!(e(&format!("{EXAMPLE}[remover]\nkind = \"fifo\"\nalpha = 0.5\n")).contains("give only `kind`"));
         assert!(
             e(&EXAMPLE.replace("seed", "seeds").replace("name = \"t\"", "name = \"t\"\ncolour = 1")).contains("colour")
         );

@@ -1,28 +1,34 @@
 //! The `gear` command: `gear demo` runs the main job on the CPU default;
 //! `gear bench` measures insert and sample throughput against memcpy;
 //! `gear serve` creates a shared table from a config file and keeps it;
-//! `gear cluster-info` asks every shard of a cluster file its counters.
+//! `gear cluster up --local N` starts a cluster on this machine and `gear
+//! cluster-info` asks every shard of a cluster file its counters; `gear
+//! inspect` and `gear sample` look inside a table; `gear config example`
+//! prints a config that runs as it is.
 
 mod bench;
 mod children;
 mod cluster_bench;
 mod cluster_config;
+mod cluster_local;
 mod config;
 mod demo;
+mod examples;
 mod import;
+mod inspect;
 mod persist;
 mod progress;
+mod serve;
+mod signals;
 
 use crate::bench::{run_bench, run_bench_processes, BenchConfig};
-use crate::config::TableConfig;
 use crate::demo::{run_demo, DemoConfig};
 use crate::progress::Progress;
 use clap::{Parser, Subcommand};
 use gear_api::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(name = "gear", version, about = "GEAR-rs: GPU-centric experience replay for large sequence models")]
@@ -78,8 +84,8 @@ enum Command {
         /// --checkpoint-dir.
         #[arg(long)]
         checkpoint: bool,
-        /// Directory for --checkpoint's files (default: the system's
-        /// temporary directory).
+        /// Directory for --checkpoint's files, which must exist (default:
+        /// the system's temporary directory); the files are removed after.
         #[arg(long)]
         checkpoint_dir: Option<PathBuf>,
         /// Rounds of --checkpoint (medians are reported).
@@ -98,24 +104,56 @@ enum Command {
         data_plane: gear_net::DataPlane,
     },
     /// Creates the shared table a TOML config describes and serves it until
-    /// interrupted: reclaims dead writers' slots and prints its counters.
+    /// interrupted: reclaims dead writers' slots and prints its counters and
+    /// who waits on what.
     Serve {
-        /// The table config (see `gear-cli/src/config.rs`).
+        /// The table config (docs/CONFIG.md; `gear config example serve`
+        /// prints one).
         #[arg(long)]
         config: PathBuf,
+        /// Check the config and print the memory the table needs, without
+        /// creating it.
+        #[arg(long)]
+        dry_run: bool,
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
         #[arg(long, value_parser = seconds_arg)]
         seconds: Option<f64>,
+        /// No status line every second.
+        #[arg(long)]
+        quiet: bool,
         #[command(flatten)]
-        persistence: ServePersistence,
+        persistence: serve::ServePersistence,
     },
-    /// Reads a cluster file (shard addresses, token, TLS; see
-    /// `gear-cli/src/cluster_config.rs`) and prints every shard's counters.
+    /// Reads a cluster file (shard addresses, token, TLS; docs/CONFIG.md)
+    /// and prints every shard's counters.
     ClusterInfo {
         /// The cluster file.
         #[arg(long)]
         cluster: PathBuf,
+        /// Seconds to wait for shards that are not listening yet (still
+        /// creating their tables).
+        #[arg(long, default_value_t = 30.0, value_parser = seconds_or_zero)]
+        wait: f64,
     },
+    /// A cluster on this machine: `gear cluster up --local 3 --config
+    /// shard.toml`.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Configs: `gear config example [serve|cluster]` prints a commented
+    /// one that runs as it is.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// A shared table's spec, fill, rate limiter and waiting writers and
+    /// samplers (`--cluster FILE`: every shard's); no name: the tables in
+    /// /dev/shm.
+    Inspect(inspect::Target),
+    /// Draws a few rows from a shared table (or a cluster) and prints their
+    /// values.
+    Sample(inspect::SampleArgs),
     /// Imports an HDF5 dataset (D4RL or Minari layout) into the table a
     /// config names: the served one, or a new one written to --checkpoint.
     Import(import::ImportArgs),
@@ -180,6 +218,24 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Starts N shard servers on this machine from one table config, writes
+    /// the cluster file and prints it with the token; Ctrl-C stops them all.
+    Up(cluster_local::ClusterUpArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Prints a commented config that runs as it is: `serve` (a table for
+    /// `gear serve --config`) or `cluster` (a cluster file).
+    Example {
+        /// `serve` or `cluster`.
+        #[arg(default_value = "serve", value_parser = ["serve", "cluster"])]
+        kind: String,
+    },
+}
+
 /// Longest run any `--seconds` flag accepts (about 31 years): anything
 /// longer is a typo, and `Duration` cannot hold much more.
 const MAX_SECONDS: f64 = 1e9;
@@ -193,6 +249,14 @@ fn seconds_arg(text: &str) -> std::result::Result<f64, String> {
     Ok(s)
 }
 
+/// Parses a number of seconds that may be 0 (`--wait 0`: do not wait).
+fn seconds_or_zero(text: &str) -> std::result::Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(0.0) => Ok(0.0),
+        _ => seconds_arg(text),
+    }
+}
+
 fn positive_seconds(seconds: f64) -> std::result::Result<Duration, ExitCode> {
     Duration::try_from_secs_f64(seconds).map_err(|_| {
         eprintln!("error: --seconds must be a positive number, got {seconds}");
@@ -200,8 +264,44 @@ fn positive_seconds(seconds: f64) -> std::result::Result<Duration, ExitCode> {
     })
 }
 
+/// Prints what the libraries log on stderr: warnings and errors, unless
+/// `GEAR_LOG` asks for more (`GEAR_LOG=info`, `GEAR_LOG=gear_net=debug`;
+/// tracing-subscriber's filter syntax).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GEAR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
+    // Graceful: the command stops in order at the first SIGINT/SIGTERM
+    // (closing its table, printing its summary); immediate: it cleans up
+    // and exits at once. See signals.rs.
+    let mode = match &cli.command {
+        Command::Bench { .. } => Some(signals::Mode::Immediate),
+        Command::Demo { .. } | Command::Serve { dry_run: false, .. } | Command::Cluster { .. } => {
+            Some(signals::Mode::Graceful)
+        }
+        Command::DemoActor { .. }
+        | Command::DemoTrainer { .. }
+        | Command::BenchWriter { .. }
+        | Command::BenchSampler { .. } => {
+            signals::as_child();
+            None
+        }
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        signals::install(mode);
+    }
     let result = match cli.command {
         Command::Demo { actors, threads, seconds, capacity, batch, window } => {
             let duration = match positive_seconds(seconds) {
@@ -209,9 +309,15 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             let config = DemoConfig { actors, threads, duration, capacity, batch, window, ..DemoConfig::default() };
-            run_demo(&config, &mut Progress::new(true)).map(|s| {
+            let mut progress = Progress::new(true);
+            let summary = run_demo(&config, &mut progress);
+            // The summary starts on a line of its own, after the last
+            // progress line (redrawn in place on a terminal) and any ^C.
+            progress.end_line();
+            summary.map(|s| {
                 let who = |pid: u32| if pid == 0 { "thread".to_owned() } else { format!("pid {pid}") };
-                println!("gear demo summary ({:.1} s)", s.seconds);
+                let interrupted = if s.interrupted { ", stopped by a signal" } else { "" };
+                println!("gear demo summary ({:.1} s{interrupted})", s.seconds);
                 for a in &s.actors {
                     println!(
                         "  actor   {:>10}: {:>6} episodes  {:>6.2} GB/s",
@@ -277,6 +383,14 @@ fn main() -> ExitCode {
         Command::Bench { config, writers, json, backend, checkpoint, checkpoint_dir, rounds, .. } => {
             if checkpoint {
                 let dir = checkpoint_dir.unwrap_or_else(std::env::temp_dir);
+                if !dir.is_dir() {
+                    eprintln!(
+                        "error: --checkpoint-dir {}: no such directory (create it first; the bench creates nothing \
+                         it would leave behind)",
+                        dir.display()
+                    );
+                    return ExitCode::from(2);
+                }
                 return finish(persist::run_checkpoint_bench(&config, &dir, rounds).map(|r| {
                     if json {
                         println!("{}", serde_json::to_string(&r).expect("report serialises"));
@@ -333,8 +447,20 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Serve { config, seconds, persistence } => serve(&config, seconds, &persistence),
-        Command::ClusterInfo { cluster } => crate::cluster_config::cluster_info(&cluster),
+        Command::Serve { config, dry_run: true, .. } => serve::dry_run(&config),
+        Command::Serve { config, seconds, quiet, persistence, .. } => {
+            serve::serve(&config, &serve::ServeOptions { seconds, quiet }, &persistence)
+        }
+        Command::ClusterInfo { cluster, wait } => {
+            crate::cluster_config::cluster_info(&cluster, Duration::from_secs_f64(wait))
+        }
+        Command::Cluster { command: ClusterCommand::Up(args) } => cluster_local::cluster_up(&args),
+        Command::Config { command: ConfigCommand::Example { kind } } => {
+            print!("{}", if kind == "cluster" { examples::CLUSTER } else { examples::SERVE });
+            Ok(())
+        }
+        Command::Inspect(target) => inspect::inspect(&target),
+        Command::Sample(args) => inspect::sample(&args),
         Command::Import(args) => return import::import(&args),
         Command::Export(args) => return import::export(&args),
         Command::DemoActor { table, id, seconds, seed } => crate::demo::actor_process(&table, id, seconds, seed),
@@ -364,107 +490,17 @@ fn main() -> ExitCode {
 fn finish(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A network or backend error says what it is; "backend: " in front
+        // would only be noise on a command line.
+        Err(gear_api::Error::Backend(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// `gear serve`'s restore and checkpoint flags.
-#[derive(clap::Args, Debug)]
-struct ServePersistence {
-    /// Start from this checkpoint (a file, or a directory whose newest
-    /// checkpoint is read).
-    #[arg(long)]
-    restore: Option<PathBuf>,
-    /// Write numbered checkpoints here: every --checkpoint-every seconds, on
-    /// SIGUSR1 and at shutdown.
-    #[arg(long)]
-    checkpoint_dir: Option<PathBuf>,
-    /// Seconds between checkpoints (needs --checkpoint-dir).
-    #[arg(long, value_parser = seconds_arg, requires = "checkpoint_dir")]
-    checkpoint_every: Option<f64>,
-    /// Checkpoints kept in --checkpoint-dir (the oldest are removed).
-    #[arg(long, default_value_t = 3)]
-    keep: usize,
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-fn serve(config: &std::path::Path, seconds: Option<f64>, persistence: &ServePersistence) -> Result<()> {
-    let cfg = TableConfig::load(config)?;
-    let table = match &persistence.restore {
-        Some(path) => cfg.builder()?.restore(path)?,
-        None => cfg.builder()?.build()?,
-    };
-    let mut schedule = persistence.checkpoint_dir.as_ref().map(|dir| {
-        let every = persistence.checkpoint_every.and_then(|s| Duration::try_from_secs_f64(s).ok());
-        persist::CheckpointSchedule::new(dir.clone(), every, persistence.keep)
-    });
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is
-        // async-signal-safe; the function pointer has the C ABI signal()
-        // expects.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
-    let grpc = match &cfg.grpc {
-        Some(g) => {
-            let (kind, params) = cfg.strategy()?;
-            let handle = gear_net::ServerHandle::start(table.clone(), g, gear_net::StrategyInfo { kind, params })
-                .map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
-            println!("grpc listening on {} (shard {})", handle.local_addr(), g.shard);
-            Some(handle)
-        }
-        None => None,
-    };
-    let spec = table.spec();
-    println!(
-        "serving table `{}` ({} columns, T={}, capacity {}, {:.1} MB); stop with Ctrl-C",
-        cfg.name,
-        spec.columns().len(),
-        spec.max_len(),
-        spec.capacity(),
-        spec.data_bytes() as f64 / 1e6
-    );
-    let start = Instant::now();
-    let until = seconds.and_then(|s| Duration::try_from_secs_f64(s).ok());
-    let mut last = Instant::now();
-    while !STOP.load(Ordering::Relaxed) && until.is_none_or(|u| start.elapsed() < u) {
-        std::thread::sleep(Duration::from_millis(100));
-        if let Some(s) = schedule.as_mut() {
-            s.tick(&table)?;
-        }
-        if last.elapsed() >= Duration::from_secs(1) {
-            last = Instant::now();
-            let reclaimed = table.reclaim_dead()?;
-            let i = table.info()?;
-            eprintln!(
-                "[{:6.1}s] size {}/{} inserts {} samples {} evicted {} reclaimed {}{}",
-                start.elapsed().as_secs_f64(),
-                i.size,
-                i.capacity,
-                i.inserts,
-                i.samples,
-                i.evictions,
-                i.reclaimed,
-                if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
-            );
-        }
-    }
-    if let Some(handle) = grpc {
-        handle.stop().map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
-    }
-    if let Some(s) = schedule.as_mut() {
-        s.finish(&table)?;
-    }
-    table.close();
-    println!("table `{}` closed", cfg.name);
-    Ok(())
 }
 
 #[cfg(feature = "cuda")]
