@@ -14,6 +14,7 @@ use crate::serve::EXIT_WITH_PARENT;
 use crate::signals;
 use gear_api::{Error, Result};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -135,7 +136,10 @@ fn run(args: &ClusterUpArgs, base: &toml::Table, token: &str, generated: bool, d
         let config = dir.join(format!("shard{i}.toml"));
         std::fs::write(&config, shard_config(base, i, port)?)
             .map_err(io(format!("cannot write {}", config.display())))?;
+        // Each shard in a process group of its own: a terminal's Ctrl-C
+        // reaches this command alone, which stops the shards in order.
         let spawned = Command::new(&exe)
+            .process_group(0)
             .args(["serve", "--quiet", "--config"])
             .arg(&config)
             .env("GEAR_TOKEN", token)

@@ -10,6 +10,7 @@ mod bench;
 mod children;
 mod cluster_bench;
 mod cluster_config;
+mod cluster_demo;
 mod cluster_local;
 mod config;
 mod demo;
@@ -61,6 +62,10 @@ enum Command {
         /// Steps per sampled window.
         #[arg(long, default_value_t = 32)]
         window: u64,
+        /// Instead: actor threads write through the cluster client into the
+        /// shards of this cluster file, a trainer samples across them.
+        #[arg(long, conflicts_with_all = ["threads", "capacity", "window"])]
+        cluster: Option<PathBuf>,
     },
     /// Insert and sample throughput, with a memcpy of the same bytes as the
     /// reference.
@@ -132,7 +137,7 @@ enum Command {
         cluster: PathBuf,
         /// Seconds to wait for shards that are not listening yet (still
         /// creating their tables).
-        #[arg(long, default_value_t = 30.0, value_parser = seconds_or_zero)]
+        #[arg(long, default_value_t = 10.0, value_parser = seconds_or_zero)]
         wait: f64,
     },
     /// A cluster on this machine: `gear cluster up --local 3 --config
@@ -303,11 +308,14 @@ fn main() -> ExitCode {
         signals::install(mode);
     }
     let result = match cli.command {
-        Command::Demo { actors, threads, seconds, capacity, batch, window } => {
+        Command::Demo { actors, threads, seconds, capacity, batch, window, cluster } => {
             let duration = match positive_seconds(seconds) {
                 Ok(d) => d,
                 Err(code) => return code,
             };
+            if let Some(file) = cluster {
+                return finish(cluster_demo::run(&file, duration, actors.max(1), batch as u64));
+            }
             let config = DemoConfig { actors, threads, duration, capacity, batch, window, ..DemoConfig::default() };
             let mut progress = Progress::new(true);
             let summary = run_demo(&config, &mut progress);

@@ -123,7 +123,8 @@ pub fn dry_run(config: &Path) -> Result<()> {
         let token = match gear_net::auth::resolve_token(g.token.as_deref()) {
             Ok(_) if g.token.is_some() => "from the config".to_owned(),
             Ok(_) => "from GEAR_TOKEN".to_owned(),
-            Err(e) => return Err(Error::Config(format!("[grpc]: {e}"))),
+            Err(gear_net::Error::Config(what)) => return Err(Error::Config(format!("[grpc]: {what}"))),
+            Err(e) => return Err(Error::Backend(Box::new(e))),
         };
         println!("grpc: shard {} on {} (token {token})", g.shard, g.listen);
     }

@@ -43,6 +43,14 @@ fn the_three_shard_example_parses() {
 }
 
 #[test]
+fn the_local_cluster_example_parses_and_is_small() {
+    let c = shard_config("local/shard.toml");
+    assert!(c.grpc.is_some(), "a [grpc] section (gear cluster up sets listen and shard)");
+    let bytes = c.builder().unwrap().check().unwrap();
+    assert!(bytes < 64 << 20, "three local shards fit any /dev/shm: {bytes} bytes each");
+}
+
+#[test]
 fn the_kubernetes_shard_config_parses() {
     let c = shard_config("k8s/shard.toml");
     let grpc = c.grpc.unwrap();
@@ -71,7 +79,7 @@ fn cluster_info_names_shards_that_do_not_answer() {
     std::fs::write(&file, "shards = [\"127.0.0.1:1\"]\ntoken = \"0123456789abcdef0\"\nconnect_timeout_ms = 500\n")
         .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gear"))
-        .args(["cluster-info", "--cluster"])
+        .args(["cluster-info", "--wait", "0", "--cluster"])
         .arg(&file)
         .output()
         .unwrap();

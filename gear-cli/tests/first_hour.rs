@@ -40,11 +40,18 @@ fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-/// A child killed when dropped.
+/// A child stopped when dropped as a user would stop it (SIGTERM: a server
+/// closes and removes its table), killed if it does not exit in 20 s.
 struct Running(Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let start = Instant::now();
+        while self.0.try_wait().ok().flatten().is_none() && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -303,4 +310,20 @@ fn import_and_export_each_describe_their_own_checkpoint_flag() {
     let (import, export) = (help("import"), help("export"));
     assert!(import.contains("Write the table to this checkpoint") && !import.contains("Read the table"), "{import}");
     assert!(export.contains("Read the table from this checkpoint") && !export.contains("Write the table"), "{export}");
+}
+
+#[test]
+fn the_readme_lists_every_bench_flag() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let (ok, help, err) = gear(&["bench", "--help"]);
+    assert!(ok, "{err}");
+    let flags: Vec<&str> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .map(|l| l.split([' ', '<']).next().unwrap())
+        .filter(|f| *f != "help")
+        .collect();
+    assert!(flags.len() > 15 && flags.contains(&"data-plane"), "{flags:?}");
+    let missing: Vec<_> = flags.iter().filter(|f| !readme.contains(&format!("--{f}"))).collect();
+    assert!(missing.is_empty(), "README.md does not mention `gear bench` flags {missing:?}");
 }
