@@ -108,16 +108,39 @@ fn not_up(e: &gear_net::Error) -> bool {
     }
 }
 
+/// Prints what `show` makes of each shard's answer to `ask`, or the error
+/// of each shard that did not answer (it names the shard); fails, after
+/// every shard was asked, when any did not answer.
+pub fn each_shard<T>(
+    client: &ClusterClient,
+    mut ask: impl FnMut(usize) -> gear_net::Result<T>,
+    mut show: impl FnMut(usize, T),
+) -> Result<()> {
+    let mut failed = 0;
+    for s in 0..client.shards() {
+        match ask(s) {
+            Ok(answer) => show(s, answer),
+            Err(e) => {
+                failed += 1;
+                println!("{e}");
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(Error::Config(format!("{failed} of {} shards did not answer", client.shards())));
+    }
+    Ok(())
+}
+
 /// `gear cluster-info`: every shard's counters, or why it did not answer.
 /// A shard that is not listening yet is asked again for up to `wait`
 /// (saying so), so that this works right after the servers start.
 pub fn cluster_info(path: &Path, wait: Duration) -> Result<()> {
     let client = ClusterClient::new(ClusterFile::load(path)?.client_config()?).map_err(net)?;
     let deadline = std::time::Instant::now() + wait;
-    let mut failed = 0;
-    for s in 0..client.shards() {
+    let ask = |s: usize| {
         let mut said = false;
-        let answer = loop {
+        loop {
             match client.info(s) {
                 Err(e) if not_up(&e) && std::time::Instant::now() < deadline => {
                     if !said {
@@ -132,21 +155,12 @@ pub fn cluster_info(path: &Path, wait: Duration) -> Result<()> {
                 }
                 other => break other,
             }
-        };
-        match answer {
-            Ok(i) => println!(
-                "shard {s}: size {}/{} inserts {} samples {} evictions {} (incarnation {:#x})",
-                i.size, i.capacity, i.inserts, i.samples, i.evictions, i.incarnation
-            ),
-            Err(e) => {
-                failed += 1;
-                // The error names the shard already.
-                println!("{e}");
-            }
         }
-    }
-    if failed > 0 {
-        return Err(Error::Config(format!("{failed} of {} shards did not answer", client.shards())));
-    }
-    Ok(())
+    };
+    each_shard(&client, ask, |s, i| {
+        println!(
+            "shard {s}: size {}/{} inserts {} samples {} evictions {} (incarnation {:#x})",
+            i.size, i.capacity, i.inserts, i.samples, i.evictions, i.incarnation
+        )
+    })
 }

@@ -149,28 +149,15 @@ fn print_waiting(i: &TableInfo) {
 
 fn inspect_cluster(file: &Path) -> Result<()> {
     let client = gear_net::ClusterClient::new(ClusterFile::load(file)?.client_config()?).map_err(net)?;
-    let mut failed = 0;
-    for s in 0..client.shards() {
-        let answer = client.spec(s).and_then(|(spec, reply)| Ok((spec, reply, client.info(s)?)));
-        match answer {
-            Ok((spec, reply, i)) => {
-                println!("shard {s}: sampler {} (incarnation {:#x})", reply.sampler, i.incarnation);
-                print_spec(&spec);
-                println!(
-                    "fill: {}/{} trajectories; {} inserts, {} rows sampled, {} evicted",
-                    i.size, i.capacity, i.inserts, i.samples, i.evictions
-                );
-            }
-            Err(e) => {
-                failed += 1;
-                println!("{e}");
-            }
-        }
-    }
-    if failed > 0 {
-        return Err(Error::Config(format!("{failed} of {} shards did not answer", client.shards())));
-    }
-    Ok(())
+    let ask = |s| client.spec(s).and_then(|(spec, reply)| Ok((spec, reply, client.info(s)?)));
+    crate::cluster_config::each_shard(&client, ask, |s, (spec, reply, i)| {
+        println!("shard {s}: sampler {} (incarnation {:#x})", reply.sampler, i.incarnation);
+        print_spec(&spec);
+        println!(
+            "fill: {}/{} trajectories; {} inserts, {} rows sampled, {} evicted",
+            i.size, i.capacity, i.inserts, i.samples, i.evictions
+        );
+    })
 }
 
 /// `gear sample`.
