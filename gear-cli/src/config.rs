@@ -237,10 +237,19 @@ error_buffer = 16.0
         assert_eq!(c.grpc.unwrap().rdma, gear_net::RdmaSettings::default());
         let text = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ndevice = \"mlx5_1\"\nport = 2\ngid_index = 3\n");
         let rdma = TableConfig::parse(&text).unwrap().grpc.unwrap().rdma;
-        assert_eq!(rdma, gear_net::RdmaSettings { device: Some("mlx5_1".into()), port: 2, gid_index: 3 });
-        let only_gid = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ngid_index = 3\n");
+        assert_eq!(
+            rdma,
+            gear_net::RdmaSettings {
+                device: Some("mlx5_1".into()),
+                port: 2,
+                gid_index: Some(3),
+                ..gear_net::RdmaSettings::default()
+            }
+        );
+        let only_gid = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ngid_index = 3\ntraffic_class = 106\nservice_level = 3\n");
         let rdma = TableConfig::parse(&only_gid).unwrap().grpc.unwrap().rdma;
-        assert_eq!((rdma.device, rdma.port, rdma.gid_index), (None, 1, 3));
+        assert_eq!((rdma.device, rdma.port, rdma.gid_index), (None, 1, Some(3)));
+        assert_eq!((rdma.traffic_class, rdma.service_level), (106, 3));
     }
 
     #[test]
@@ -252,6 +261,11 @@ error_buffer = 16.0
         assert!(e("port = 256").contains("port"), "{}", e("port = 256"));
         assert!(e("gid_index = -1").contains("gid_index"), "{}", e("gid_index = -1"));
         assert!(e("gid = 3").contains("unknown field `gid`"), "{}", e("gid = 3"));
+        let level = e("service_level = 16");
+        assert!(level.contains("grpc.rdma.service_level is 16"), "{level}");
+        assert!(e("traffic_class = 256").contains("traffic_class"), "{}", e("traffic_class = 256"));
+        let bound = e("max_queue_pairs = 0");
+        assert!(bound.contains("grpc.rdma.max_queue_pairs is 0"), "{bound}");
     }
 
     #[test]

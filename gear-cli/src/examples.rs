@@ -65,7 +65,7 @@ min_size_to_sample = 64        # samplers wait until this many trajectories are 
 # [grpc.rdma]                  # the RDMA data plane (gear-net's `rdma` feature)
 # device = "mlx5_0"            # else the first device
 # port = 1                     # from 1
-# gid_index = 0                # RoCE v2: usually not 0 (`show_gids`)
+# gid_index = 3                # else chosen from the GID table (`show_gids`)
 "#;
 
 /// A cluster file, as `gear cluster up --local 3` writes one.
@@ -91,7 +91,7 @@ shards = ["127.0.0.1:50051", "127.0.0.1:50052", "127.0.0.1:50053"]  # index = th
 # [rdma]
 # device = "mlx5_0"            # else the first device
 # port = 1                     # from 1
-# gid_index = 0                # RoCE v2: usually not 0 (`show_gids`)
+# gid_index = 3                # else chosen from the GID table (`show_gids`)
 "#;
 
 #[cfg(test)]
