@@ -48,7 +48,7 @@ pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
 pub use table::{
     latest_checkpoint, shared_tables, AttachOptions, CheckpointReport, CommittedTrajectory, PoolConfig, ReplayTable,
-    SlotCounts, TableBuilder, TableInfo, Waiting,
+    SlotCounts, TableBuilder, TableInfo, WaitStats, Waiting,
 };
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 

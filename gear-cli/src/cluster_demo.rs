@@ -4,10 +4,9 @@
 //! every shard, each checked (whole rows, global probabilities); progress
 //! every second and a summary at the end or on Ctrl-C.
 
-use crate::cluster_config::ClusterFile;
 use gear_api::{Error, Result};
 use gear_core::{DType, TableSpec, WindowSpec};
-use gear_net::{ClusterClient, ClusterSample, RemoteTrajectory, WriteTarget};
+use gear_net::{ClusterSample, RemoteTrajectory, WriteTarget};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -64,7 +63,7 @@ fn f16_of_integer(v: u16) -> u16 {
 /// Runs the demo against the cluster in `file` for `duration` with
 /// `actors` writer threads and batches of `batch` rows.
 pub fn run(file: &Path, duration: Duration, actors: usize, batch: u64) -> Result<()> {
-    let client = ClusterClient::new(ClusterFile::load(file)?.client_config()?).map_err(net)?;
+    let client = crate::cluster_config::connect(file)?;
     let (spec, _) = client.spec(0).map_err(net)?;
     let t = spec.max_len();
     let window = t.min(16);

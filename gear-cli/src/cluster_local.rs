@@ -190,7 +190,8 @@ fn run(args: &ClusterUpArgs, base: &toml::Table, token: &str, generated: bool, d
     let addrs: Vec<String> = shards.iter().map(|s| s.addr.clone()).collect();
     let file = cluster_file_text(&addrs, generated.then_some(token));
     // What clients will read, read back as they will.
-    if let Err(e) = ClusterFile::parse(&file).and_then(|_| write_cluster_file(&args.cluster_file, &file)) {
+    let parsed = ClusterFile::parse(&file).map_err(|e| Error::Backend(Box::new(e)));
+    if let Err(e) = parsed.and_then(|_| write_cluster_file(&args.cluster_file, &file)) {
         stop_all(&mut shards);
         return Err(e);
     }

@@ -1,6 +1,7 @@
-//! `gear config example [serve|cluster]`: commented configs that run as
-//! they are (gear-cli's tests start a server from the serve example and
-//! parse the cluster example). Every key is in docs/CONFIG.md.
+//! `gear config example [serve|tables|cluster]`: commented configs that
+//! run as they are (gear-cli's tests start a server from the serve and the
+//! tables examples and parse the cluster example). Every key is in
+//! docs/CONFIG.md.
 
 /// A table config for `gear serve --config FILE`: small (about 2 MB),
 /// without `[grpc]` so that it needs no token.
@@ -68,6 +69,88 @@ min_size_to_sample = 64        # samplers wait until this many trajectories are 
 # gid_index = 3                # else chosen from the GID table (`show_gids`)
 "#;
 
+/// A server of two tables (`[[tables]]`) with a metrics endpoint, small,
+/// without `[grpc]` so that it needs no token.
+pub const TABLES: &str = r#"# A `gear serve --config FILE` of two tables; every key is in docs/CONFIG.md.
+# It runs as it is:
+#   gear config example tables > tables.toml
+#   gear serve --config tables.toml --dry-run   # checks it, prints the memory they need
+#   gear serve --config tables.toml             # until Ctrl-C; Prometheus on the printed address
+# Local programs attach by each table's shm_name: ReplayTable::attach("my-replay", ..)
+# in Rust, gear.Table.attach("my-replay") in Python. Remote ones (with [grpc])
+# name the table by its name (a cluster file's `table`).
+
+[[tables]]                     # a prioritized replay buffer for the learner
+name = "replay"                # what remote clients name it by
+shm_name = "my-replay"         # its file in `dir`, what local processes attach by (default: name)
+# dir = "/dev/shm"
+max_len = 64                   # T: the most steps one trajectory holds
+capacity = 1024                # trajectories; a full table evicts the oldest
+seed = 0
+
+[[tables.columns]]             # one per value a step stores, in storage order
+name = "obs"
+dtype = "f32"
+shape = [8]
+
+[[tables.columns]]
+name = "reward"
+dtype = "f32"
+
+[tables.sampler]
+kind = "prioritized"
+alpha = 0.6
+beta = 0.4
+
+[tables.rate_limiter]
+min_size_to_sample = 16        # samplers wait until 16 trajectories are stored
+
+[[tables]]                     # beside it, a queue: each trajectory read once, in order
+name = "queue"
+shm_name = "my-queue"
+max_len = 64
+capacity = 256
+max_times_sampled = 1          # removed once sampled
+
+[[tables.columns]]
+name = "obs"
+dtype = "f32"
+shape = [8]
+
+[[tables.columns]]
+name = "reward"
+dtype = "f32"
+
+[tables.sampler]
+kind = "fifo"
+
+[tables.rate_limiter]
+queue = 256                    # writers wait while 256 unread trajectories are stored
+
+# Prometheus text on GET /metrics (no token: keep the address private).
+# Port 0 takes a free port, printed at start; give Prometheus a fixed one
+# such as "127.0.0.1:9090".
+[metrics]
+listen = "127.0.0.1:0"
+
+# Uncomment to serve remote clients; the token is `token` here, else the
+# GEAR_TOKEN environment variable (16 characters or more).
+# [grpc]
+# listen = "0.0.0.0:50051"
+# shard = 0
+# token = "change-me-to-a-long-secret"
+"#;
+
+/// The example `gear config example KIND` prints: `serve`, `tables` or
+/// `cluster` (clap admits no other).
+pub fn by_kind(kind: &str) -> &'static str {
+    match kind {
+        "cluster" => CLUSTER,
+        "tables" => TABLES,
+        _ => SERVE,
+    }
+}
+
 /// A cluster file, as `gear cluster up --local 3` writes one.
 pub const CLUSTER: &str = r#"# How trainers and actors reach a cluster of `gear serve` shards; every key
 # is in docs/CONFIG.md. `gear cluster up --local 3 --config shard.toml`
@@ -118,5 +201,14 @@ mod tests {
         assert_eq!(c.grpc.as_ref().map(|g| g.shard), Some(0));
         assert_eq!(c.max_times_sampled, Some(1));
         crate::cluster_config::ClusterFile::parse(&uncomment(CLUSTER)).unwrap();
+        let tables = crate::config::ServeConfig::parse(TABLES).unwrap();
+        assert!(tables.several && tables.grpc.is_none() && tables.metrics.is_some());
+        assert_eq!(tables.tables.len(), 2);
+        for t in &tables.tables {
+            let bytes = t.builder().unwrap().check().unwrap();
+            assert!(bytes < 16 << 20, "the example tables stay small: {bytes} bytes");
+        }
+        let full = crate::config::ServeConfig::parse(&uncomment(TABLES)).unwrap();
+        assert_eq!(full.grpc.as_ref().map(|g| g.shard), Some(0));
     }
 }

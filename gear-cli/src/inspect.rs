@@ -4,7 +4,6 @@
 //! `--cluster FILE`, every shard of a cluster. Without a name, `gear
 //! inspect` lists the tables in the directory.
 
-use crate::cluster_config::ClusterFile;
 use gear_api::{AttachOptions, Error, ReplayTable, Result, SampleConfig, TableInfo};
 use gear_core::{DType, TableSpec, WindowSpec};
 use std::path::{Path, PathBuf};
@@ -148,7 +147,7 @@ fn print_waiting(i: &TableInfo) {
 }
 
 fn inspect_cluster(file: &Path) -> Result<()> {
-    let client = gear_net::ClusterClient::new(ClusterFile::load(file)?.client_config()?).map_err(net)?;
+    let client = crate::cluster_config::connect(file)?;
     let ask = |s| client.spec(s).and_then(|(spec, reply)| Ok((spec, reply, client.info(s)?)));
     crate::cluster_config::each_shard(&client, ask, |s, (spec, reply, i)| {
         println!("shard {s}: sampler {} (incarnation {:#x})", reply.sampler, i.incarnation);
@@ -212,7 +211,7 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
 }
 
 fn sample_cluster(file: &Path, a: &SampleArgs) -> Result<()> {
-    let client = gear_net::ClusterClient::new(ClusterFile::load(file)?.client_config()?).map_err(net)?;
+    let client = crate::cluster_config::connect(file)?;
     let (spec, _) = client.spec(0).map_err(net)?;
     let window = a.window.unwrap_or(4).min(spec.max_len()).max(1);
     let names: Vec<String> = if a.columns.is_empty() {

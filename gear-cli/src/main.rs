@@ -108,12 +108,14 @@ enum Command {
         #[arg(long, default_value = "auto", value_parser = crate::cluster_bench::parse_data_plane)]
         data_plane: gear_net::DataPlane,
     },
-    /// Creates the shared table a TOML config describes and serves it until
-    /// interrupted: reclaims dead writers' slots and prints its counters and
-    /// who waits on what.
+    /// Creates the shared tables a TOML config describes (one, or several
+    /// under `[[tables]]`) and serves them until interrupted: reclaims dead
+    /// writers' slots and prints their counters and who waits on what;
+    /// answers remote clients with `[grpc]`, Prometheus scrapes with
+    /// `[metrics]`.
     Serve {
-        /// The table config (docs/CONFIG.md; `gear config example serve`
-        /// prints one).
+        /// The config (docs/CONFIG.md; `gear config example serve` prints
+        /// one, `gear config example tables` one with several tables).
         #[arg(long)]
         config: PathBuf,
         /// Check the config and print the memory the table needs, without
@@ -130,7 +132,8 @@ enum Command {
         persistence: serve::ServePersistence,
     },
     /// Reads a cluster file (shard addresses, token, TLS; docs/CONFIG.md)
-    /// and prints every shard's counters.
+    /// and prints every shard's tables and their counters (only the file's
+    /// `table` if it names one).
     ClusterInfo {
         /// The cluster file.
         #[arg(long)]
@@ -139,6 +142,18 @@ enum Command {
         /// creating their tables).
         #[arg(long, default_value_t = 10.0, value_parser = seconds_or_zero)]
         wait: f64,
+        /// Print the figures live: every second, per shard and table, with
+        /// rates (inserts, rows sampled, MB in and out) since the last
+        /// refresh and the rate-limiter and lock waits.
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: seconds between refreshes.
+        #[arg(long, default_value_t = 1.0, value_parser = seconds_arg, requires = "watch")]
+        interval: f64,
+        /// With --watch: stop after this many refreshes (default: until
+        /// interrupted).
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
     },
     /// A cluster on this machine: `gear cluster up --local 3 --config
     /// shard.toml`.
@@ -146,8 +161,8 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
-    /// Configs: `gear config example [serve|cluster]` prints a commented
-    /// one that runs as it is.
+    /// Configs: `gear config example [serve|tables|cluster]` prints a
+    /// commented one that runs as it is.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
@@ -233,10 +248,11 @@ enum ClusterCommand {
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Prints a commented config that runs as it is: `serve` (a table for
-    /// `gear serve --config`) or `cluster` (a cluster file).
+    /// `gear serve --config`), `tables` (a server of several tables, with
+    /// metrics) or `cluster` (a cluster file).
     Example {
-        /// `serve` or `cluster`.
-        #[arg(default_value = "serve", value_parser = ["serve", "cluster"])]
+        /// `serve`, `tables` or `cluster`.
+        #[arg(default_value = "serve", value_parser = ["serve", "tables", "cluster"])]
         kind: String,
     },
 }
@@ -459,12 +475,18 @@ fn main() -> ExitCode {
         Command::Serve { config, seconds, quiet, persistence, .. } => {
             serve::serve(&config, &serve::ServeOptions { seconds, quiet }, &persistence)
         }
-        Command::ClusterInfo { cluster, wait } => {
-            crate::cluster_config::cluster_info(&cluster, Duration::from_secs_f64(wait))
+        Command::ClusterInfo { cluster, wait, watch, interval, count } => {
+            let interval = match positive_seconds(interval) {
+                Ok(d) => d,
+                Err(code) => return code,
+            };
+            let wait = Duration::from_secs_f64(wait);
+            let options = crate::cluster_config::InfoOptions { wait, watch, interval, count };
+            crate::cluster_config::cluster_info(&cluster, options)
         }
         Command::Cluster { command: ClusterCommand::Up(args) } => cluster_local::cluster_up(&args),
         Command::Config { command: ConfigCommand::Example { kind } } => {
-            print!("{}", if kind == "cluster" { examples::CLUSTER } else { examples::SERVE });
+            print!("{}", examples::by_kind(&kind));
             Ok(())
         }
         Command::Inspect(target) => inspect::inspect(&target),

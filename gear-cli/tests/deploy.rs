@@ -11,7 +11,7 @@ mod config;
 mod cluster_config;
 
 use cluster_config::ClusterFile;
-use config::TableConfig;
+use config::{ServeConfig, TableConfig};
 use std::path::{Path, PathBuf};
 
 fn deploy(path: &str) -> PathBuf {
@@ -48,6 +48,46 @@ fn the_local_cluster_example_parses_and_is_small() {
     assert!(c.grpc.is_some(), "a [grpc] section (gear cluster up sets listen and shard)");
     let bytes = c.builder().unwrap().check().unwrap();
     assert!(bytes < 64 << 20, "three local shards fit any /dev/shm: {bytes} bytes each");
+}
+
+#[test]
+fn the_multi_table_example_parses() {
+    let c = ServeConfig::load(&deploy("multi-table/shard.toml")).unwrap();
+    assert!(c.several);
+    let names: Vec<(&str, &str)> = c.tables.iter().map(|t| (t.name.as_str(), t.shm())).collect();
+    assert_eq!(names, [("replay", "replay-shard0"), ("queue", "queue-shard0")]);
+    for t in &c.tables {
+        t.builder().unwrap_or_else(|e| panic!("table `{}`: {e}", t.name));
+    }
+    let (replay, queue) = (&c.tables[0], &c.tables[1]);
+    assert_eq!((replay.sampler.kind.as_str(), queue.sampler.kind.as_str()), ("prioritized", "fifo"));
+    assert_eq!(queue.max_times_sampled, Some(1));
+    assert_eq!(queue.rate_limiter.as_ref().and_then(|l| l.queue), Some(1024));
+    assert_eq!(c.grpc.as_ref().map(|g| g.shard), Some(0));
+    assert!(c.metrics.is_some());
+    let cluster = ClusterFile::load(&deploy("multi-table/cluster.toml")).unwrap();
+    assert_eq!(cluster.table.as_deref(), Some("replay"));
+    let mut with_token = cluster.clone();
+    with_token.token = Some("0123456789abcdef0".into());
+    assert_eq!(with_token.client_config().unwrap().table, "replay");
+}
+
+#[test]
+fn the_readme_multi_table_config_parses_and_builds() {
+    let readme = std::fs::read_to_string(deploy("../README.md")).unwrap();
+    let block = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.contains("[[tables]]"))
+        .expect("the README shows a [[tables]] config");
+    let c = ServeConfig::parse(block).unwrap();
+    let names: Vec<&str> = c.tables.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["replay", "queue"]);
+    for t in &c.tables {
+        t.builder().unwrap_or_else(|e| panic!("table `{}`: {e}", t.name));
+    }
+    assert!(c.grpc.is_some() && c.metrics.is_some());
 }
 
 #[test]
@@ -141,4 +181,48 @@ fn cluster_files_carry_rdma_settings_and_refuse_absurd_ones() {
     assert!(e("device = \"\"").contains("rdma.device is empty"), "{}", e("device = \"\""));
     assert!(e("gid_index = 300").contains("gid_index"), "{}", e("gid_index = 300"));
     assert!(e("service_level = 16").contains("rdma.service_level is 16"), "{}", e("service_level = 16"));
+}
+
+/// The keys serde expects where `text` has the unknown key `zzz_unknown`
+/// (its "unknown field ..., expected one of ..." error lists them).
+fn expected_keys(text: &str, parse: impl Fn(&str) -> Result<(), String>) -> Vec<String> {
+    let e = parse(text).expect_err("an unknown key is refused");
+    let list = e.split("expected").nth(1).unwrap_or_else(|| panic!("no list of keys in: {e}"));
+    list.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+#[test]
+fn docs_config_md_documents_every_key() {
+    let doc = std::fs::read_to_string(deploy("../docs/CONFIG.md")).unwrap();
+    let table = "name = \"t\"\nmax_len = 4\ncapacity = 8\n[[columns]]\nname = \"x\"\ndtype = \"f32\"\n";
+    let serve = |t: &str| ServeConfig::parse(t).map(drop).map_err(|e| e.to_string());
+    let cluster = |t: &str| ClusterFile::parse(t).map(drop).map_err(|e| e.to_string());
+    let u = "zzz_unknown = 1\n";
+    let grpc = "[grpc]\nlisten = \"127.0.0.1:0\"\nshard = 0\n";
+    let sections = [
+        ("top level", format!("{u}{table}"), true),
+        ("[[columns]]", format!("{table}{u}"), true),
+        ("[sampler]", format!("{table}[sampler]\nkind = \"uniform\"\n{u}"), true),
+        ("[remover]", format!("{table}[remover]\nkind = \"fifo\"\n{u}"), true),
+        ("[rate_limiter]", format!("{table}[rate_limiter]\n{u}"), true),
+        ("[grpc]", format!("{table}{grpc}{u}"), true),
+        ("[grpc.rdma]", format!("{table}{grpc}[grpc.rdma]\n{u}"), true),
+        ("[metrics]", format!("{table}[metrics]\nlisten = \"127.0.0.1:0\"\n{u}"), true),
+        ("[[tables]] file", format!("{u}[[tables]]\n{}", table.replace("[[columns]]", "[[tables.columns]]")), true),
+        ("cluster file", format!("{u}shards = []\n"), false),
+        ("[tls]", format!("shards = []\n[tls]\nca = \"ca.pem\"\n{u}"), false),
+        ("[rdma]", format!("shards = []\n[rdma]\n{u}"), false),
+    ];
+    let mut missing = Vec::new();
+    for (section, text, is_serve) in &sections {
+        let keys = if *is_serve { expected_keys(text, serve) } else { expected_keys(text, cluster) };
+        assert!(!keys.is_empty(), "{section}: no keys found");
+        for key in keys {
+            // A key, or a section: `key`, [key] or [[key]].
+            if !doc.contains(&format!("`{key}`")) && !doc.contains(&format!("[{key}]")) {
+                missing.push(format!("{section}: `{key}`"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/CONFIG.md does not document: {missing:?}");
 }

@@ -2,7 +2,7 @@
 //! evicting when none is free), publishing, committing and abandoning.
 
 use super::select::{not_stored, strategy_error};
-use super::shared::{add, sub, Local, Locked, WaitFor};
+use super::shared::{add, sub, LimiterWait, Local, Locked, WaitFor};
 use super::ReplayTable;
 use crate::error::{Error, Result};
 use gear_core::{target, Change, LogOp, SlotKey, SlotState, WaitReason, WaitRole};
@@ -27,7 +27,7 @@ fn insert_wait() -> WaitFor<impl Fn(&Locked<'_>) -> WaitReason> {
                 WaitReason::SamplesPerInsert
             }
         },
-        waited: |c| &c.insert_wait_ns,
+        kind: LimiterWait::Insert,
     }
 }
 

@@ -3,7 +3,7 @@
 //! shared reference), checking what the strategy returned, and retiring
 //! rows that reached `max_times_sampled`.
 
-use super::shared::{add, process_salt, sub, Locked, Shared, WaitFor};
+use super::shared::{add, process_salt, sub, LimiterWait, Locked, Shared, WaitFor};
 use super::ReplayTable;
 use crate::error::{Error, Result};
 use gear_core::{target, Change, LogOp, Sampled, SlotKey, SlotRecord, WaitReason, WaitRole, Xoshiro256};
@@ -91,7 +91,7 @@ impl ReplayTable {
                         WaitReason::SamplesPerInsert
                     }
                 },
-                waited: |c| &c.sample_wait_ns,
+                kind: LimiterWait::Sample,
             };
             self.wait_until(l, deadline, what, |l| l.can_sample(n as u64))
         } else {
@@ -99,7 +99,7 @@ impl ReplayTable {
                 op: "sample (table emptied while a batch was redrawn)",
                 role: WaitRole::Sampler,
                 reason: |_: &Locked<'_>| WaitReason::EmptyTable,
-                waited: |c| &c.sample_wait_ns,
+                kind: LimiterWait::Sample,
             };
             self.wait_until(l, deadline, what, |l| !l.local.sampler.is_empty())
         }

@@ -95,6 +95,53 @@ pub(crate) struct Shared {
     /// the lock in this process gives them back.
     pub(super) give_back: parking_lot::Mutex<Vec<SlotKey>>,
     pub(super) epoch_start: Instant,
+    /// This process's waits on the table (`ReplayTable::wait_stats`).
+    pub(super) waits: WaitCounters,
+}
+
+/// What a wait in [`ReplayTable::wait_until`] waits for, and so where it
+/// is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LimiterWait {
+    /// A writer admitted by the rate limiter.
+    Insert,
+    /// A sampler admitted by the rate limiter, or waiting for items.
+    Sample,
+}
+
+/// One kind of wait: how many, and their nanoseconds in total.
+#[derive(Debug, Default)]
+pub(super) struct WaitCounter {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl WaitCounter {
+    fn record(&self, waited: Duration) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ns.fetch_add(u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn read(&self) -> (u64, Duration) {
+        (self.count.load(Ordering::Relaxed), Duration::from_nanos(self.ns.load(Ordering::Relaxed)))
+    }
+}
+
+/// This process's waits on one table, by kind.
+#[derive(Debug, Default)]
+pub(super) struct WaitCounters {
+    insert: WaitCounter,
+    sample: WaitCounter,
+    lock: WaitCounter,
+}
+
+impl WaitCounters {
+    pub(super) fn snapshot(&self) -> super::WaitStats {
+        let (insert_waits, insert_wait) = self.insert.read();
+        let (sample_waits, sample_wait) = self.sample.read();
+        let (lock_waits, lock_wait) = self.lock.read();
+        super::WaitStats { insert_waits, insert_wait, sample_waits, sample_wait, lock_waits, lock_wait }
+    }
 }
 
 impl Drop for Shared {
@@ -164,6 +211,7 @@ impl Shared {
             reap_cursor: AtomicU64::new(0),
             give_back: parking_lot::Mutex::new(Vec::new()),
             epoch_start: Instant::now(),
+            waits: WaitCounters::default(),
         };
         if !creator {
             // Start from the slot records, then follow the log.
@@ -192,6 +240,9 @@ impl Shared {
                 ProcessLease::describe(t.holder, ctl)
             }),
         })?;
+        if let Some(waited) = guard.waited() {
+            self.waits.lock.record(waited);
+        }
         self.check_backing()?;
         Ok((guard, state))
     }
@@ -695,20 +746,21 @@ impl<'a> Locked<'a> {
 }
 
 /// What a writer's or sampler's wait is: the operation named in a timeout,
-/// the role and limit it is listed with, and the counter its time adds to.
+/// the role and limit it is listed with, and the counters its time adds to.
 pub(super) struct WaitFor<R> {
     /// The operation, as a timeout names it ("insert (rate limiter)").
     pub(super) op: &'static str,
     pub(super) role: WaitRole,
     /// Which limit holds the caller back, read under the lock at each turn.
     pub(super) reason: R,
-    /// The control block's total of time waited this adds to.
-    pub(super) waited: fn(&ControlBlock) -> &AtomicU64,
+    /// Which totals the time waited adds to: the control block's (every
+    /// process) and this process's (`ReplayTable::wait_stats`).
+    pub(super) kind: LimiterWait,
 }
 
 impl ReplayTable {
     /// Waits until `ready` holds, the table closes, the server dies or the
-    /// deadline passes; adds the time waited to `what.waited`. While it
+    /// deadline passes; adds the time waited to `what.kind`'s totals. While it
     /// waits the wait is listed in the control block (for `info()` in every
     /// process) and, past [`wait_warning_after`], logged as a warning that
     /// names the limit and its counters.
@@ -727,6 +779,12 @@ impl ReplayTable {
         let start = Instant::now();
         let mut listing = WaitListing::begin(ctl, &sh.lease, what.role, (what.reason)(&l), Duration::ZERO);
         let mut warn_at = wait_warning_after();
+        // Every process's waits add up in the control block; this
+        // process's are counted apart too (`ReplayTable::wait_stats`).
+        let (waited, local) = match what.kind {
+            LimiterWait::Insert => (&ctl.insert_wait_ns, &sh.waits.insert),
+            LimiterWait::Sample => (&ctl.sample_wait_ns, &sh.waits.sample),
+        };
         let result = loop {
             if ctl.closed.load(Ordering::Acquire) != 0 {
                 break Err(Error::Closed);
@@ -763,16 +821,21 @@ impl ReplayTable {
             l = match relocked {
                 Ok(l) => l,
                 Err(e) => {
-                    (what.waited)(ctl).fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    let elapsed = start.elapsed();
+                    waited.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+                    local.record(elapsed);
                     return Err(e);
                 }
             };
         };
         drop(listing);
-        let ns = start.elapsed().as_nanos() as u64;
+        let elapsed = start.elapsed();
+        let ns = elapsed.as_nanos() as u64;
         if ns > 1000 {
-            (what.waited)(ctl).fetch_add(ns, Ordering::Relaxed);
+            waited.fetch_add(ns, Ordering::Relaxed);
         }
+        // Not ready at the first look: a wait, however short.
+        local.record(elapsed);
         result.map(|()| l)
     }
 
