@@ -1,5 +1,6 @@
 //! What a new user meets in the first hour, run as they would run it: the
-//! example config starts a server as printed, config errors carry one
+//! example configs (one table; two tables with metrics) start a server as
+//! printed, config errors carry one
 //! prefix and the file's name, `gear cluster-info` waits for a shard that
 //! is still starting, `gear inspect` and `gear sample` show a table and who
 //! waits on it, the checkpoint bench creates nothing it leaves behind, and
@@ -115,6 +116,78 @@ fn the_printed_serve_example_starts_a_server_as_it_is() {
     assert_eq!(table.info().unwrap().inserts, 1);
     let (ok, cluster, _) = gear(&["config", "example", "cluster"]);
     assert!(ok && cluster.contains("shards = ["), "{cluster}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `GET /metrics` of a `gear serve`: the value of the series of `name`
+/// whose labels include every one of `labels` (0 when none matches).
+fn scrape(addr: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn the_printed_tables_example_serves_both_tables_and_shows_waiting_writers_in_its_metrics() {
+    let dir = temp_dir("tables");
+    let (ok, example, err) = gear(&["config", "example", "tables"]);
+    assert!(ok, "{err}");
+    let file = dir.join("tables.toml");
+    std::fs::write(&file, &example).unwrap();
+    let (ok, out, err) = gear(&["serve", "--config", file.to_str().unwrap(), "--dry-run"]);
+    assert!(
+        ok && out.contains("table `replay`") && out.contains("table `queue`") && out.contains("metrics: "),
+        "{out}{err}"
+    );
+    // Started as printed: both tables, and the metrics on a free port.
+    let (_server, lines) = start(&["serve", "--config", file.to_str().unwrap(), "--seconds", "120"], &[]);
+    let metrics = line_with(&lines, "metrics on http://");
+    let addr = metrics.split("http://").nth(1).unwrap().trim_end_matches("/metrics").to_owned();
+    line_with(&lines, "serving table `replay`");
+    line_with(&lines, "serving table `queue`");
+    // Local programs attach by the shared-memory names the example gives.
+    let replay = ReplayTable::attach("my-replay", gear_api::AttachOptions::default()).unwrap();
+    let queue = ReplayTable::attach("my-queue", gear_api::AttachOptions::default()).unwrap();
+    assert_eq!((replay.spec().capacity(), queue.spec().capacity()), (1024, 256));
+    let step = [StepValue::typed(&[0.5f32; 8]), StepValue::typed(&[1.0f32])];
+    for _ in 0..256 {
+        let mut t = queue.writer().begin(None).unwrap();
+        t.append_step(&step).unwrap();
+        t.end().unwrap();
+    }
+    let waiting = |table| scrape(&addr, "gear_table_waiting", &[("table", table), ("role", "writer")]);
+    assert_eq!(waiting("queue"), 0.0);
+    // The queue is full: the next writer waits, and the metrics say so.
+    let q = queue.clone();
+    let blocked = std::thread::spawn(move || {
+        let mut t = q.writer().with_timeout(Duration::from_secs(60)).begin(None)?;
+        t.append_step(&[StepValue::typed(&[1.5f32; 8]), StepValue::typed(&[2.0f32])])?;
+        t.end()
+    });
+    let start = Instant::now();
+    while waiting("queue") < 1.0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the waiting writer never showed in the metrics");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let full = [("table", "queue"), ("role", "writer"), ("reason", "full_table")];
+    assert_eq!(scrape(&addr, "gear_table_waiting", &full), 1.0);
+    assert_eq!(waiting("replay"), 0.0);
+    assert!(scrape(&addr, "gear_table_longest_wait_seconds", &[("table", "queue"), ("role", "writer")]) >= 0.0);
+    // One read from the queue lets it in; the gauge drops back.
+    let mut sampler = queue.sampler(gear_api::SampleConfig::new(1, gear_core::WindowSpec::last(1))).unwrap();
+    sampler.sample().unwrap();
+    blocked.join().unwrap().unwrap();
+    assert_eq!(waiting("queue"), 0.0);
+    assert_eq!(scrape(&addr, "gear_table_inserts_total", &[("table", "queue")]), 257.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
