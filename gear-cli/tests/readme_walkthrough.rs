@@ -1,10 +1,11 @@
-//! Follows the README's "On one machine" cluster walkthrough as written:
+//! Follows the README's cluster sections as written. "On one machine":
 //! the commands of its `sh` block, read from README.md, run one after the
 //! other by `sh -c` in a scratch copy of the files they name, with this
 //! build's `gear` first on PATH (what the block's `cargo install` line
 //! does). The `gear cluster up` line keeps running, as in the user's first
 //! terminal, and is stopped with Ctrl-C (SIGINT) at the end; nothing it
-//! started may be left in /dev/shm.
+//! started may be left in /dev/shm. "Several tables per server": its
+//! `[[tables]]` config, served by `gear serve`, does what the section says.
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -138,5 +139,109 @@ fn the_one_machine_cluster_walkthrough_runs_as_written() {
     drop(background);
     assert_eq!(shm_tables(&format!("{table}-shard")), Vec::<String>::new());
     assert!(!dir.join("cluster.toml").exists(), "cluster up removes the cluster file it wrote");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The README's `[[tables]]` config (its "Several tables per server"
+/// section), as written but for the ports (free ones, so that tests and a
+/// real server can run beside each other) and a shared-memory name per
+/// table unique to this test.
+fn readme_tables_config(readme: &str, tag: &str) -> String {
+    let section = &readme[readme.find("### Several tables per server").expect("the multi-table section")..];
+    let block = &section[section.find("```toml\n").expect("a toml block") + 8..];
+    let block = &block[..block.find("```").unwrap()];
+    assert!(block.contains("[[tables]]") && block.contains("[metrics]"), "{block}");
+    let out = block.replace("0.0.0.0:50051", "127.0.0.1:0").replace("127.0.0.1:9090", "127.0.0.1:0");
+    // After each table's `name` line (the one right after `[[tables]]`).
+    out.replace("[[tables]]\nname = \"replay\"", &format!("[[tables]]\nname = \"replay\"\nshm_name = \"{tag}-replay\""))
+        .replace("[[tables]]\nname = \"queue\"", &format!("[[tables]]\nname = \"queue\"\nshm_name = \"{tag}-queue\""))
+}
+
+#[test]
+fn the_readme_multi_table_server_serves_what_its_section_says() {
+    use gear_core::WindowSpec;
+    use gear_net::{ClusterClient, ClusterConfig, ClusterSample, RemoteTrajectory, WriteTarget};
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let tag = format!("gear-readme-tables-{}", std::process::id());
+    let dir = std::env::temp_dir().join(&tag);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("shard.toml");
+    std::fs::write(&config, readme_tables_config(&readme, &tag)).unwrap();
+    let token = "readme-multi-table-token-0123";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gear"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--seconds", "120", "--quiet"])
+        .env("GEAR_TOKEN", token)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let server = Background(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let (mut grpc, mut metrics, mut serving) = (None, None, 0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while serving < 2 {
+        let l = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("the server started");
+        if let Some(a) = l.strip_prefix("grpc listening on ") {
+            grpc = Some(a.split(' ').next().unwrap().to_owned());
+        }
+        if let Some(a) = l.strip_prefix("metrics on http://") {
+            metrics = Some(a.trim_end_matches("/metrics").to_owned());
+        }
+        serving += usize::from(l.starts_with("serving table `"));
+    }
+    let (grpc, metrics) = (grpc.expect("a grpc line"), metrics.expect("a metrics line"));
+    assert_eq!(shm_tables(&tag).len(), 2, "one shared-memory table per [[tables]] entry");
+    // "Clients name their table: `config.table = "replay".into()`".
+    let client = |table: &str| {
+        let mut c = ClusterConfig::new(vec![grpc.clone()], token);
+        c.table = table.into();
+        ClusterClient::new(c).unwrap()
+    };
+    let (replay, queue) = (client("replay"), client("queue"));
+    let trajectory = |v: f32| RemoteTrajectory {
+        steps: 2,
+        columns: vec![(0..16).flat_map(|_| v.to_le_bytes()).collect::<Vec<u8>>().into()],
+        priority: Some(1.0),
+    };
+    replay.insert(WriteTarget::Shard(0), vec![trajectory(1.0), trajectory(2.0)], 0).unwrap();
+    queue.insert(WriteTarget::Shard(0), vec![trajectory(3.0), trajectory(4.0)], 0).unwrap();
+    // The queue hands each trajectory to one reader, in order.
+    let one = ClusterSample { rows: 1, window: WindowSpec::last(1), columns: vec![] };
+    let first = queue.sample(&one).unwrap();
+    let second = queue.sample(&one).unwrap();
+    let value = |b: &gear_net::ClusterBatch| f32::from_le_bytes(b.columns[0][..4].try_into().unwrap());
+    assert_eq!((value(&first), value(&second)), (3.0, 4.0));
+    assert_eq!(queue.info(0).unwrap().size, 0, "max_times_sampled = 1: read once, then removed");
+    // "a key of one table is stale on another".
+    assert_eq!(replay.update_priorities(&[(first.keys[0], 5.0)]).unwrap(), 0);
+    let batch = replay.sample(&ClusterSample { rows: 4, window: WindowSpec::last(2), columns: vec![] }).unwrap();
+    assert_eq!(replay.update_priorities(&[(batch.keys[0], 5.0)]).unwrap(), 1);
+    // "a server with several refuses a call that names none, and an unknown
+    // name, listing its tables".
+    for name in ["", "nope"] {
+        let e = client(name).info(0).unwrap_err().to_string();
+        assert!(e.contains("replay") && e.contains("queue"), "{e}");
+    }
+    // The metrics, per table.
+    let mut stream = std::net::TcpStream::connect(&metrics).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    use std::io::Write as _;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {metrics}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    for want in ["gear_table_inserts_total{table=\"replay\"} 2", "gear_table_retired_total{table=\"queue\"} 2"] {
+        assert!(body.contains(want), "`{want}` missing from:\n{body}");
+    }
+    drop(server);
+    assert_eq!(shm_tables(&tag), Vec::<String>::new(), "the server removes its tables");
     std::fs::remove_dir_all(&dir).unwrap();
 }
