@@ -226,3 +226,30 @@ fn docs_config_md_documents_every_key() {
     }
     assert!(missing.is_empty(), "docs/CONFIG.md does not document: {missing:?}");
 }
+
+#[test]
+fn every_readme_toml_block_parses_with_the_real_parsers() {
+    let readme = std::fs::read_to_string(deploy("../README.md")).unwrap();
+    let blocks: Vec<&str> = readme.split("```toml\n").skip(1).map(|b| b.split("```").next().unwrap()).collect();
+    assert!(blocks.len() >= 4, "{} toml blocks", blocks.len());
+    // A fragment ([grpc], [grpc.rdma]) goes into the smallest table config.
+    let table = "name = \"t\"\nmax_len = 4\ncapacity = 8\n[[columns]]\nname = \"x\"\ndtype = \"f32\"\n";
+    for block in blocks {
+        if block.contains("shards = ") {
+            ClusterFile::parse(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+            continue;
+        }
+        let whole = block.contains("[[tables]]") || block.contains("name = ");
+        let text = if whole {
+            block.to_owned()
+        } else if block.starts_with("[grpc.rdma]") {
+            format!("{table}[grpc]\nlisten = \"127.0.0.1:0\"\nshard = 0\n{block}")
+        } else {
+            format!("{table}{block}")
+        };
+        let c = ServeConfig::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for t in &c.tables {
+            t.builder().unwrap_or_else(|e| panic!("table `{}`: {e}\n{block}", t.name));
+        }
+    }
+}
