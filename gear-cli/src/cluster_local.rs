@@ -3,8 +3,9 @@
 //! and remote actors and trainers before deploying one server per machine.
 //!
 //! Each shard is a `gear serve` child process running a copy of the given
-//! config with its own table name (`NAME-shardI`), shard index, seed and a
-//! loopback address. Once every shard answers, the cluster file is written
+//! config with its own shared-memory name (`shm_name`, `NAME-shardI`), shard
+//! index, seed and a loopback address; the table keeps its `name`, so every
+//! shard serves the same table as clients name it. Once every shard answers, the cluster file is written
 //! and printed with the token to use; Ctrl-C (or SIGTERM) stops every
 //! shard, which closes and removes its table, and removes the files this
 //! command wrote.
@@ -64,8 +65,7 @@ fn random_token() -> Result<String> {
 /// loopback address.
 fn shard_config(base: &toml::Table, shard: usize, port: u16) -> Result<String> {
     let mut t = base.clone();
-    let name = t.get("name").and_then(|v| v.as_str()).unwrap_or("gear").to_owned();
-    t.insert("name".into(), format!("{name}-shard{shard}").into());
+    t.insert("shm_name".into(), format!("{}-shard{shard}", shm_base(base)).into());
     let seed = t.get("seed").and_then(|v| v.as_integer()).unwrap_or(0);
     t.insert("seed".into(), (seed + shard as i64).into());
     let grpc = t.entry("grpc").or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -75,6 +75,13 @@ fn shard_config(base: &toml::Table, shard: usize, port: u16) -> Result<String> {
     // The token comes from the environment this command sets.
     grpc.remove("token");
     toml::to_string(&t).map_err(|e| Error::Config(format!("cannot write shard {shard}'s config: {e}")))
+}
+
+/// The shared-memory name the shards' names derive from: the config's
+/// `shm_name`, else its `name`.
+fn shm_base(base: &toml::Table) -> &str {
+    let name = |key| base.get(key).and_then(|v: &toml::Value| v.as_str());
+    name("shm_name").or(name("name")).unwrap_or("gear")
 }
 
 /// A started shard server.
@@ -197,9 +204,10 @@ fn run(args: &ClusterUpArgs, base: &toml::Table, token: &str, generated: bool, d
     }
     let name = base.get("name").and_then(|v| v.as_str()).unwrap_or("gear");
     println!(
-        "{} shards of `{name}` running on this machine ({} of shared memory each, tables {name}-shard0..{}):",
+        "{} shards of table `{name}` running on this machine ({} of shared memory each, in {}-shard0..{}):",
         shards.len(),
         crate::serve::format_bytes(bytes),
+        shm_base(base),
         shards.len() - 1
     );
     for (i, s) in shards.iter().enumerate() {

@@ -131,6 +131,9 @@ fn the_one_machine_cluster_walkthrough_runs_as_written() {
         outputs.iter().find(|(l, _)| l.starts_with(cmd)).map(|(_, o)| o.clone()).unwrap_or_else(|| panic!("no `{cmd}`"))
     };
     assert_eq!(said("gear cluster-info").lines().filter(|l| l.contains(": size ")).count(), 3);
+    // Every shard serves the config's table by its name.
+    let info = said("gear cluster-info");
+    assert_eq!(info.matches(&format!("table `{table}` (")).count(), 3, "{info}");
     assert!(said("gear demo").contains("gear demo summary"), "{}", said("gear demo"));
     assert!(said("gear sample").contains("row 3:"), "{}", said("gear sample"));
     assert_eq!(shm_tables(&format!("{table}-shard")).len(), 3);
