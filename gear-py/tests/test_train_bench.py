@@ -1,0 +1,107 @@
+"""The end-to-end training benchmark's own logic (gear-py/bench/train.py,
+train_run.py, train_model.py), so it cannot rot: a tiny grid with GEAR
+local only (no peers, nothing installed), the model's sizes and step, the
+harness rate limiter, and the table and chart from given figures."""
+
+import json
+import math
+import multiprocessing as mp
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import train  # noqa: E402
+import train_run  # noqa: E402
+
+
+def test_a_tiny_grid_runs_end_to_end_and_writes_table_jsonl_and_chart(tmp_path):
+    pytest.importorskip("torch")
+    cmd = [sys.executable, str(BENCH / "train.py"), "--systems", "gear-local", "--windows", "16",
+           "--configs", "0:8,S:4", "--runs", "2", "--seconds", "0.5", "--actors", "2", "--obs", "256",
+           "--capacity", "8", "--out", str(tmp_path), "--python", f"gear-local={sys.executable}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert not [row for row in rows if "error" in row], rows
+    assert sorted((row["run"], row["model"]) for row in rows) == [(1, "0"), (1, "S"), (2, "0"), (2, "S")]
+    for row in rows:
+        assert row["system"] == "gear-local" and row["window"] == 16 and row["obs"] == [256]
+        assert row["steps"] >= 3 and row["learner_steps_per_s"] > 0
+        assert math.isclose(row["windows_per_s"], row["learner_steps_per_s"] * row["batch"], rel_tol=1e-9)
+        assert 0 <= row["data_wait_share"] <= 1 and 0 <= row["update_share"] <= 1
+        assert row["actor_steps_per_s"] > 0, "the actors inserted nothing while the learner ran"
+        assert row["cpu_s_per_step"] > 0 and row["cpu_share"]["learner"] > 0 and row["cpu_share"]["actors"] > 0
+    s_rows = [row for row in rows if row["model"] == "S"]
+    assert all(0.5e6 < row["parameters"] < 2e6 for row in s_rows), s_rows
+    md = (tmp_path / "results.md").read_text()
+    assert "| 0 | 16 | 8 | gear-local |" in md and "| S | 16 | 4 | gear-local |" in md, md
+    svg = (tmp_path / "chart.svg").read_text()
+    assert svg.startswith("<svg") and "<circle" in svg and "gear-local" in svg
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("gear-train-bench-")]
+
+
+def test_model_sizes_are_about_1m_and_10m_parameters_and_a_step_returns_one_priority_per_row():
+    torch = pytest.importorskip("torch")
+    import train_model
+
+    small = train_model.Learner("S", (84, 84), 512)
+    medium = train_model.Learner("M", (84, 84), 512)
+    assert 0.8e6 < small.parameters < 1.3e6, small.parameters
+    assert 8e6 < medium.parameters < 12e6, medium.parameters
+    b, t = 3, 8
+    obs = torch.randint(0, 256, (b, t, 84, 84), dtype=torch.uint8)
+    action = torch.randint(0, train_model.ACTIONS, (b, t))
+    reward = torch.rand(b, t)
+    before = [p.detach().clone() for p in small.model.parameters()]
+    prio = small.step(obs, action, reward, None, torch.ones(b, dtype=torch.float64))
+    assert prio.shape == (b,) and bool((prio > 0).all())
+    assert any(not torch.equal(p0, p1) for p0, p1 in zip(before, small.model.parameters())), "Adam changed nothing"
+    # Causal: a later frame does not change an earlier step's logits.
+    model = small.model.eval()
+    with torch.no_grad():
+        a = model(obs, action, reward)
+        obs2 = obs.clone()
+        obs2[:, -1] = 255 - obs2[:, -1]
+        c = model(obs2, action, reward)
+    assert torch.allclose(a[:, :-1], c[:, :-1]) and not torch.allclose(a[:, -1], c[:, -1])
+
+
+def test_the_harness_limiter_keeps_reverbs_ratio():
+    spec = types.SimpleNamespace(spi=2.0, min_episodes=2, error_buffer=4.0)
+    lim = train_run.SharedLimiter(mp.get_context("fork"), spec)
+    # max_diff = 2 * 2 + 4 = 8: four episodes may go in before any sample.
+    for _ in range(4):
+        lim.wait_insert()
+        lim.inserted_one()
+    assert (lim.inserted.value + 1) * lim.spi - lim.sampled.value > lim.max_diff, "a fifth would pass the limit"
+    # min_diff = 0: 8 samples may be drawn from 4 episodes, not a ninth.
+    lim.wait_sample(8)
+    assert lim.sampled.value == 8
+    assert lim.inserted.value * lim.spi - (lim.sampled.value + 1) < lim.min_diff
+
+
+def test_table_and_chart_from_given_figures_name_unavailable_systems():
+    def row(system, steps, run):
+        return {"system": system, "model": "0", "window": 128, "batch": 32, "learner_steps_per_s": steps,
+                "windows_per_s": steps * 32, "data_wait_share": 0.9, "update_share": 0.05,
+                "actor_steps_per_s": 1000.0, "cpu_s_per_step": 0.1, "cpu_share": {"learner": 1.0, "actors": 0.5},
+                "parameters": 0, "run": run}
+
+    rows = [row("gear-local", s, i) for i, s in enumerate((10.0, 30.0, 20.0))]
+    rows += [row("cpprb", s, i) for i, s in enumerate((5.0, 4.0, 6.0))]
+    rows.append({"system": "reverb", "window": 128, "run": 1, "error": "exit 1"})
+    summary = train.summarise(rows)
+    assert summary[("0", 128, 32, "gear-local")]["learner_steps_per_s"] == 20.0
+    assert summary[("0", 128, 32, "cpprb")]["learner_steps_per_s"] == 5.0
+    md = train.table(summary, ["gear-local", "cpprb", "reverb"], {"reverb": "no wheel | here"}, 3)
+    assert "| 0 | 128 | 32 | cpprb | 5.00 | 160 | 90% | 5% | 1000 | 0.100 (1.00 / 0.50 / 0.00) | 4.00 |" in md, md
+    assert "| 0 | 128 | 32 | reverb | unavailable: no wheel / here |" in md, md
+    svg = train.chart(summary, ["gear-local", "cpprb", "reverb"], 32)
+    assert svg.count("<circle") == 2 and "no model" in svg
