@@ -929,7 +929,7 @@ def main() -> int:
     ap.add_argument("--slack-episodes", type=float, default=8.0, help="the limiter's error buffer, in episodes")
     ap.add_argument("--seconds", type=float, default=5.0, help="timed part of each configuration")
     ap.add_argument("--warmup", type=float, default=1.5)
-    ap.add_argument("--min-steps", type=int, default=3)
+    ap.add_argument("--min-steps", type=int, default=2, help="timed learner steps at least")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     configs = []

@@ -24,7 +24,7 @@ import train_run  # noqa: E402
 def test_a_tiny_grid_runs_end_to_end_and_writes_table_jsonl_and_chart(tmp_path):
     pytest.importorskip("torch")
     cmd = [sys.executable, str(BENCH / "train.py"), "--systems", "gear-local", "--windows", "16",
-           "--configs", "0:8,S:4", "--runs", "2", "--seconds", "0.5", "--actors", "2", "--obs", "256",
+           "--configs", "0:8,S:4", "--runs", "2", "--seconds", "0.5", "--warmup", "0.3", "--actors", "2", "--obs", "256",
            "--capacity", "8", "--out", str(tmp_path), "--python", f"gear-local={sys.executable}"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stderr
@@ -36,8 +36,12 @@ def test_a_tiny_grid_runs_end_to_end_and_writes_table_jsonl_and_chart(tmp_path):
         assert row["steps"] >= 3 and row["learner_steps_per_s"] > 0
         assert math.isclose(row["windows_per_s"], row["learner_steps_per_s"] * row["batch"], rel_tol=1e-9)
         assert 0 <= row["data_wait_share"] <= 1 and 0 <= row["update_share"] <= 1
-        assert row["actor_steps_per_s"] > 0, "the actors inserted nothing while the learner ran"
-        assert row["cpu_s_per_step"] > 0 and row["cpu_share"]["learner"] > 0 and row["cpu_share"]["actors"] > 0
+        assert row["cpu_s_per_step"] > 0 and row["cpu_share"]["learner"] > 0
+    # Without a model the learner consumes episodes faster than the limiter's
+    # slack lasts, so the actors must have inserted while it ran (with one,
+    # they may all be held back: the limit is reached and nothing is due).
+    assert all(row["actor_steps_per_s"] > 0 and row["cpu_share"]["actors"] > 0
+               for row in rows if row["model"] == "0"), rows
     s_rows = [row for row in rows if row["model"] == "S"]
     assert all(0.5e6 < row["parameters"] < 2e6 for row in s_rows), s_rows
     md = (tmp_path / "results.md").read_text()
