@@ -4,6 +4,7 @@
 //!
 //! ```toml
 //! shards = ["node0:50051", "node1:50051", "node2:50051"]  # index = shard id
+//! # table = "replay"              # the table clients use (else each shard's only one)
 //! # token = "..."                 # else the GEAR_TOKEN environment variable
 //! # call_timeout_ms = 10000       # deadline of every call
 //! # connect_timeout_ms = 1000
@@ -19,7 +20,9 @@
 //! [rdma]                          # optional: the RDMA device byte-range reads use
 //! # device = "mlx5_0"             # else the first device
 //! # port = 1                      # from 1
-//! # gid_index = 0                 # RoCE v2: usually not 0 (`show_gids`)
+//! # gid_index = 3                 # else the RoCE v2 IPv4/IPv6 entry, else 0 (`show_gids`)
+//! # traffic_class = 0             # GRH traffic class (RoCE v2 DSCP and ECN bits)
+//! # service_level = 0             # 0 to 15
 //! ```
 //!
 //! Relative paths are taken from the working directory, as in `[grpc]`.
@@ -36,6 +39,9 @@ use std::time::Duration;
 pub struct ClusterFile {
     /// `host:port` of each shard server, in shard order.
     pub shards: Vec<String>,
+    /// The table clients use, by its name on the shards (else each
+    /// shard's only table).
+    pub table: Option<String>,
     /// The cluster token (else `$GEAR_TOKEN`).
     pub token: Option<String>,
     /// Deadline of every call, in milliseconds.
@@ -108,6 +114,13 @@ impl ClusterFile {
     pub fn client_config(&self) -> Result<ClusterConfig> {
         let token = crate::auth::resolve_token(self.token.as_deref())?;
         let mut config = ClusterConfig::new(self.shards.clone(), token);
+        if let Some(table) = &self.table {
+            crate::server::check_table_name(table).map_err(|e| match e {
+                Error::Config(what) => Error::Config(format!("table: {what}")),
+                e => e,
+            })?;
+            config.table = table.clone();
+        }
         config.rdma = self.rdma.clone();
         if let Some(ms) = self.call_timeout_ms {
             config.call_timeout = Duration::from_millis(ms);

@@ -176,14 +176,23 @@ fn a_stream_dropped_or_refused_before_its_end_stores_nothing() {
     assert!(stream.send(2, vec![steps(1, 0, 2)], None, second).unwrap());
     drop(stream);
     // A chunk of the wrong size is refused; the stream's status says why.
+    // The refusal is asynchronous: a send fails once the shard's status
+    // has ended the call, so keep sending (paced) until it has.
+    let paced = || std::thread::sleep(Duration::from_millis(25));
     let mut bad = cluster.open_trajectory(WriteTarget::Shard(0)).unwrap();
-    let refused = (0..20)
-        .find_map(|_| bad.send(1, vec![vec![0u8; 5].into()], None, second).err())
+    let refused = (0..200)
+        .find_map(|_| {
+            paced();
+            bad.send(1, vec![vec![0u8; 5].into()], None, second).err()
+        })
         .expect("the shard refused the chunk");
     assert!(refused.to_string().contains("bytes"), "{refused}");
     // Too many steps for the table's max_len: refused as well.
     let mut long = cluster.open_trajectory(WriteTarget::Shard(0)).unwrap();
-    let err = (0..20).find_map(|_| long.send(MAX_LEN + 1, vec![steps(2, 0, MAX_LEN as i64 + 1)], None, second).err());
+    let err = (0..200).find_map(|_| {
+        paced();
+        long.send(MAX_LEN + 1, vec![steps(2, 0, MAX_LEN as i64 + 1)], None, second).err()
+    });
     assert!(err.is_some());
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(cluster.info(0).unwrap().size, 0);

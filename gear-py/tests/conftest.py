@@ -122,8 +122,11 @@ class LocalCluster:
         )
         sampler_params = "alpha = 0.6\nbeta = 0.4" if self.params["sampler"] == "prioritized" else ""
         config = self.root / f"shard{shard}.toml"
+        name = f"gear-py-{os.getpid()}-{uuid.uuid4().hex[:8]}-{shard}"
+        self.table_names = getattr(self, "table_names", {})
+        self.table_names[shard] = name
         config.write_text(SHARD_CONFIG.format(
-            name=f"gear-py-{os.getpid()}-{uuid.uuid4().hex[:8]}-{shard}", dir=self.root, shard=shard,
+            name=name, dir=self.root, shard=shard,
             columns=cols, sampler_params=sampler_params, listen=listen, **self.params,
         ))
         return ShardServer(config, listen, self.token)

@@ -229,6 +229,24 @@ def test_wrong_or_missing_token_is_refused(local_cluster, monkeypatch):
         gear.Cluster(["localhost"], TOKEN)
 
 
+def test_a_table_named_by_the_cluster_is_used_and_an_unknown_one_is_refused(local_cluster):
+    lc = local_cluster(shards=1)
+    named = gear.Cluster(lc.addrs, TOKEN, table=lc.table_names[0])
+    with named.writer(0).trajectory() as t:
+        t.append(id=1, t=0, obs=np.zeros(OBS, np.uint8))
+    assert named.info()[0]["size"] == 1
+    # The table name survives pickling (a DataLoader worker reopens it).
+    assert pickle.loads(pickle.dumps(named)).info()[0]["size"] == 1
+    unknown = gear.Cluster(lc.addrs, TOKEN, table="no-such-table")
+    # info() reports each shard's answer; the refusal lists the tables.
+    error = unknown.info()[0]["error"]
+    assert "no-such-table" in error and lc.table_names[0] in error, error
+    with pytest.raises(gear.GearError, match=lc.table_names[0]):
+        unknown.sampler(batch_size=4).sample()
+    with pytest.raises(gear.SpecError, match="table"):
+        gear.Cluster(lc.addrs, TOKEN, table="bad name/with slash")
+
+
 def test_a_writer_process_killed_mid_trajectory_leaves_nothing(local_cluster, tmp_path):
     lc = local_cluster(shards=1)
     ready = tmp_path / "ready"

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 const CHUNKS_IN_FLIGHT: usize = 2;
 
 /// A trajectory being streamed to one shard (see the module doc). Dropped
-/// before [`end`](TrajectoryStream::end), it is abandoned: the shard
+/// before [`send_end`](TrajectoryStream::send_end), it is abandoned: the shard
 /// stores none of it.
 pub struct TrajectoryStream {
     shard: usize,
@@ -41,6 +41,8 @@ pub struct TrajectoryStream {
     /// The client's call deadline: how long a refused chunk's status is
     /// awaited.
     call_timeout: Duration,
+    /// The table the first chunk names (the client's configured one).
+    table: String,
 }
 
 impl std::fmt::Debug for TrajectoryStream {
@@ -52,7 +54,7 @@ impl std::fmt::Debug for TrajectoryStream {
 impl ClusterClient {
     /// Opens a stream for one trajectory to the shard `target` picks now
     /// (round-robin over the live shards, the most free one, or the one
-    /// named). Nothing is stored until [`TrajectoryStream::end`].
+    /// named). Nothing is stored until [`TrajectoryStream::send_end`].
     pub fn open_trajectory(&self, target: WriteTarget) -> Result<TrajectoryStream> {
         let n = self.shards.len();
         let shard = match target {
@@ -74,6 +76,7 @@ impl ClusterClient {
             call: Some(call),
             started: false,
             call_timeout: self.config.call_timeout,
+            table: self.config.table.clone(),
         })
     }
 }
@@ -96,7 +99,7 @@ impl TrajectoryStream {
     /// stream: `Ok(false)` means there was none and nothing was sent (send
     /// the same chunk again).
     pub fn send(&mut self, steps: u64, columns: Vec<Bytes>, priority: Option<f64>, timeout: Duration) -> Result<bool> {
-        self.push(InsertChunk { steps, columns, priority, end: false }, timeout)
+        self.push(InsertChunk { steps, columns, priority, end: false, table: String::new() }, timeout)
     }
 
     /// As [`send`](Self::send), for the last steps (none is fine): the
@@ -109,7 +112,7 @@ impl TrajectoryStream {
         priority: Option<f64>,
         timeout: Duration,
     ) -> Result<bool> {
-        let sent = self.push(InsertChunk { steps, columns, priority, end: true }, timeout)?;
+        let sent = self.push(InsertChunk { steps, columns, priority, end: true, table: String::new() }, timeout)?;
         if sent {
             // Closing the stream lets the shard answer.
             self.sender = None;
@@ -138,7 +141,12 @@ impl TrajectoryStream {
         let Some(sender) = &self.sender else {
             return Err(Error::Config("the trajectory stream is closed".into()));
         };
-        let chunk = InsertChunk { priority: if self.started { None } else { chunk.priority }, ..chunk };
+        // The priority and the table ride on the first chunk only.
+        let chunk = if self.started {
+            InsertChunk { priority: None, ..chunk }
+        } else {
+            InsertChunk { table: self.table.clone(), ..chunk }
+        };
         let sent = self.runtime.block_on(async {
             match tokio::time::timeout(timeout, sender.reserve()).await {
                 Ok(Ok(permit)) => {

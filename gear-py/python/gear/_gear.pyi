@@ -269,6 +269,7 @@ class Cluster:
         shards: Sequence[str],
         token: Optional[str] = None,
         *,
+        table: Optional[str] = None,
         call_timeout: float = 10.0,
         connect_timeout: float = 1.0,
         tls_ca: Optional[Union[str, os.PathLike[str]]] = None,

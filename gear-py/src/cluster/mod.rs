@@ -32,6 +32,8 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 struct Settings {
     shards: Vec<String>,
+    /// The table on the shards (`None`: each shard's only table).
+    table: Option<String>,
     /// The token given (`None`: `$GEAR_TOKEN` of whichever process opens
     /// the cluster).
     token: Option<String>,
@@ -47,7 +49,9 @@ struct Settings {
     tls_key: Option<String>,
     rdma_device: Option<String>,
     rdma_port: u8,
-    rdma_gid_index: u8,
+    rdma_gid_index: Option<u8>,
+    rdma_traffic_class: u8,
+    rdma_service_level: u8,
 }
 
 fn duration(seconds: f64, what: &str) -> Result<Duration> {
@@ -75,14 +79,27 @@ impl Settings {
     fn client_config(&self) -> Result<ClusterConfig> {
         let token = gear_net::auth::resolve_token(self.token.as_deref())?;
         let mut config = ClusterConfig::new(self.shards.clone(), token);
+        if let Some(table) = &self.table {
+            gear_net::server::check_table_name(table).map_err(|e| match e {
+                gear_net::Error::Config(what) => Error::Spec(format!("table: {what}")),
+                e => e.into(),
+            })?;
+            config.table = table.clone();
+        }
         config.call_timeout = duration(self.call_timeout, "call_timeout")?;
         config.connect_timeout = duration(self.connect_timeout, "connect_timeout")?;
         config.mass_refresh = duration(self.mass_refresh, "mass_refresh")?;
         config.free_space_refresh = duration(self.free_space_refresh, "free_space_refresh")?;
         config.seed = self.seed;
         config.data_plane = data_plane(&self.data_plane)?;
-        config.rdma =
-            RdmaSettings { device: self.rdma_device.clone(), port: self.rdma_port, gid_index: self.rdma_gid_index };
+        config.rdma = RdmaSettings {
+            device: self.rdma_device.clone(),
+            port: self.rdma_port,
+            gid_index: self.rdma_gid_index,
+            traffic_class: self.rdma_traffic_class,
+            service_level: self.rdma_service_level,
+            ..RdmaSettings::default()
+        };
         config.tls = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
             (None, None, None) => None,
             (None, _, _) => return Err(Error::Spec("tls_cert and tls_key need tls_ca (the cluster's CA)".into())),
@@ -105,6 +122,7 @@ impl Settings {
         let tls = file.tls.as_ref();
         Ok(Settings {
             shards: file.shards.clone(),
+            table: file.table.clone(),
             token: file.token.clone(),
             call_timeout: ms(file.call_timeout_ms, 10.0),
             connect_timeout: ms(file.connect_timeout_ms, 1.0),
@@ -120,12 +138,15 @@ impl Settings {
             rdma_device: file.rdma.device.clone(),
             rdma_port: file.rdma.port,
             rdma_gid_index: file.rdma.gid_index,
+            rdma_traffic_class: file.rdma.traffic_class,
+            rdma_service_level: file.rdma.service_level,
         })
     }
 
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("shards", &self.shards)?;
+        d.set_item("table", &self.table)?;
         d.set_item("token", &self.token)?;
         d.set_item("call_timeout", self.call_timeout)?;
         d.set_item("connect_timeout", self.connect_timeout)?;
@@ -140,6 +161,8 @@ impl Settings {
         d.set_item("rdma_device", &self.rdma_device)?;
         d.set_item("rdma_port", self.rdma_port)?;
         d.set_item("rdma_gid_index", self.rdma_gid_index)?;
+        d.set_item("rdma_traffic_class", self.rdma_traffic_class)?;
+        d.set_item("rdma_service_level", self.rdma_service_level)?;
         Ok(d)
     }
 
@@ -150,6 +173,7 @@ impl Settings {
         }
         Ok(Settings {
             shards: get(d, "shards")?,
+            table: get(d, "table")?,
             token: get(d, "token")?,
             call_timeout: get(d, "call_timeout")?,
             connect_timeout: get(d, "connect_timeout")?,
@@ -164,6 +188,8 @@ impl Settings {
             rdma_device: get(d, "rdma_device")?,
             rdma_port: get(d, "rdma_port")?,
             rdma_gid_index: get(d, "rdma_gid_index")?,
+            rdma_traffic_class: get(d, "rdma_traffic_class")?,
+            rdma_service_level: get(d, "rdma_service_level")?,
         })
     }
 }
@@ -263,13 +289,14 @@ pub(crate) fn partial_insert(py: Python<'_>, e: gear_net::Error) -> PyErr {
 impl Cluster {
     #[new]
     #[pyo3(signature = (
-        shards, token=None, *, call_timeout=10.0, connect_timeout=1.0, tls_ca=None, tls_domain=None,
+        shards, token=None, *, table=None, call_timeout=10.0, connect_timeout=1.0, tls_ca=None, tls_domain=None,
         tls_cert=None, tls_key=None, mass_refresh=0.1, free_space_refresh=0.5, seed=0, data_plane="auto"
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         shards: Vec<String>,
         token: Option<String>,
+        table: Option<String>,
         call_timeout: f64,
         connect_timeout: f64,
         tls_ca: Option<std::path::PathBuf>,
@@ -284,6 +311,7 @@ impl Cluster {
         let path = |p: Option<std::path::PathBuf>| p.map(|p| absolute(&p).to_string_lossy().into_owned());
         let settings = Settings {
             shards,
+            table,
             token,
             call_timeout,
             connect_timeout,
@@ -298,6 +326,8 @@ impl Cluster {
             rdma_device: None,
             rdma_port: RdmaSettings::default().port,
             rdma_gid_index: RdmaSettings::default().gid_index,
+            rdma_traffic_class: RdmaSettings::default().traffic_class,
+            rdma_service_level: RdmaSettings::default().service_level,
         };
         Ok(Cluster::open(settings)?)
     }
