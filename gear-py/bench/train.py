@@ -56,12 +56,14 @@ VENVS: Dict[str, Tuple[str, List[str], str]] = {
 
 DEFAULT_GRID: Dict[int, List[Tuple[str, int]]] = {
     32: [("0", 32), ("S", 32)],
-    128: [("0", 32), ("S", 32)],
+    128: [("0", 32)],
     512: [("0", 32)],
 }
-"""L -> (model, batch) measured in one pipeline: 5 configurations x 5
-systems x 3 runs fit 30 minutes on the 2-core development machine (model
-M, a few seconds a step on two cores, is in --full)."""
+"""L -> (model, batch) measured in one pipeline: 4 configurations x 5
+systems x 3 runs, about 30 minutes on the 2-core development machine
+while others build on it (model S takes seconds a step on two shared
+cores, four times as long at L 128: model S beyond L 32, model M and
+batch 256 are in --full)."""
 
 FULL_GRID: Dict[int, List[Tuple[str, int]]] = {
     window: [(m, b) for m in ("0", "S", "M") for b in (32, 256)] for window in (32, 128, 512)
@@ -132,7 +134,8 @@ def run_one(python: pathlib.Path, system: str, window: int, configs: Sequence[Tu
     """One pipeline; returns its configurations' figures and an error, if any."""
     cmd = [str(python), str(HERE / "train_run.py"), "--system", system, "--window", str(window),
            "--configs", ",".join(f"{m}:{b}" for m, b in configs), "--actors", str(args.actors),
-           "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--obs", args.obs, "--capacity", str(args.capacity)]
+           "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--obs", args.obs, "--capacity", str(args.capacity),
+           "--device", args.device]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gear_bin:
         env["GEAR_BIN"] = gear_bin
@@ -294,6 +297,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=1.5, help="untimed seconds before each configuration")
     ap.add_argument("--obs", default="frames", help="'frames' (84x84 u8) or a byte count")
     ap.add_argument("--capacity", type=int, default=64, help="episodes each replay system holds")
+    ap.add_argument("--device", default="host",
+                    help="'host' (train where the replay system puts the batch) or a torch device such as cuda: "
+                         "the model there, each batch staged to it one step ahead (train_device.py)")
     ap.add_argument("--out", default=str(REPO / "target/train-bench"), help="where venvs and results go")
     ap.add_argument("--python", action="append", default=[], metavar="SYSTEM=PYTHON",
                     help="use this interpreter for a system instead of making its venv (CI)")
@@ -311,7 +317,7 @@ def main() -> int:
     if args.configs:
         configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
         grid = {w: configs for w in grid}
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out).resolve()  # children run in other directories
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     log(f"load average at start: {load_average()}")
@@ -370,7 +376,7 @@ def main() -> int:
                         f"wait {r['data_wait_share'] * 100:.0f}%" for r in got))
     summary = summarise(rows)
     md = table(summary, systems, errors, args.runs)
-    md += (f"\n{len(systems)} systems, {args.actors} actors, {args.obs} observations, "
+    md += (f"\n{len(systems)} systems, {args.actors} actors, {args.obs} observations, learner on {args.device}, "
            f"whole run {(time.time() - started) / 60:.1f} min, load average at the end {load_average()}.\n")
     (out / "results.md").write_text(md)
     batch = min(b for cs in grid.values() for _, b in cs)

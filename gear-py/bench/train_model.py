@@ -95,9 +95,10 @@ class DecisionTransformer(nn.Module):
 class Learner:
     """A model, its Adam optimiser and one training step."""
 
-    def __init__(self, size: str, obs_shape: Tuple[int, ...], max_window: int, seed: int = 0) -> None:
+    def __init__(self, size: str, obs_shape: Tuple[int, ...], max_window: int, seed: int = 0,
+                 device: torch.device | str = "cpu") -> None:
         torch.manual_seed(seed)
-        self.model = DecisionTransformer(size, obs_shape, max_window)
+        self.model = DecisionTransformer(size, obs_shape, max_window).to(device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
 
     @property

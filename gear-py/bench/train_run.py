@@ -217,6 +217,8 @@ def actor_main(system: str, handle: Any, spec: Spec, actor: int, steps: Any, loc
     except Exception as e:  # a closed table or server at the end of the run
         if not getattr(sink, "closing", lambda e: False)(e):
             raise
+        # Expected at the end of a run; said, so that one ending early is explained.
+        print(f"train_run: actor {actor} stopped: {e!r}", file=sys.stderr, flush=True)
 
 
 class BufferedSink:
@@ -405,9 +407,21 @@ class GearClusterSink(BufferedSink):
         self.writer = handle.with_seed(actor + 1).writer("round_robin", timeout=None)
 
     def end(self) -> None:
+        import gear
+
         e = self.ep
-        self.writer.insert_batch({"obs": e.obs[None], "action": e.action[None], "reward": e.reward[None]},
-                                 steps=EPISODE)
+        while True:
+            try:
+                self.writer.insert_batch({"obs": e.obs[None], "action": e.action[None], "reward": e.reward[None]},
+                                         steps=EPISODE)
+                return
+            except gear.TimeoutError as err:
+                # A shard bounds each wait for its rate limiter (30 s) and
+                # stores nothing of a refused episode; with a slow model the
+                # limiter rightly holds actors that long: try again, as a
+                # Reverb actor's blocked write keeps waiting.
+                if "rate limiter" not in str(err):
+                    raise
 
     def closing(self, e: Exception) -> bool:
         import gear
@@ -836,21 +850,31 @@ class Prefetch:
 
 
 def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, warmup: float,
-            min_steps: int, steps_counter: Any, meter: CpuMeter) -> Dict[str, Any]:
+            min_steps: int, steps_counter: Any, meter: CpuMeter, device: str = "host") -> Dict[str, Any]:
     """Trains (or only receives batches) for `seconds` after `warmup`;
-    returns the figures of the timed part."""
+    returns the figures of the timed part. With `device` other than
+    "host" the model lives there and every batch is staged to it one step
+    ahead (train_device.DeviceFeed); "host" trains on the batches where
+    the replay system put them."""
     import torch
+
+    staged = None
+    if device != "host":
+        from train_device import DeviceFeed, resolve
+
+        staged = resolve(device)
 
     learner = None
     if model != "0":
         from train_model import Learner
 
-        learner = Learner(model, spec.obs_shape, spec.window, seed=spec.seed)
+        learner = Learner(model, spec.obs_shape, spec.window, seed=spec.seed, device=staged or "cpu")
     source = system.source(batch)
     if getattr(system, "own_prefetch", False):
-        feed = source
+        host_feed = source
     else:
-        feed = Prefetch(source)
+        host_feed = Prefetch(source)
+    feed = DeviceFeed(host_feed, staged) if staged is not None else host_feed
     try:
         wait = update = 0.0
         steps = 0
@@ -875,7 +899,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
                                     data.get("weights"))
             else:
                 prio = data["reward"].float().mean(1).abs()
-            prio = prio.double().add_(1e-3).numpy()
+            prio = prio.double().add_(1e-3).cpu().numpy()
             c = time.perf_counter()
             feed.update(handle, prio)
             d = time.perf_counter()
@@ -886,8 +910,10 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
         cpu = meter.between(cpu0, meter.snapshot())
         inserted = steps_counter.value - ins0
     finally:
-        if feed is not source:
+        if feed is not host_feed:
             feed.close()
+        if host_feed is not source:
+            host_feed.close()
         if hasattr(source, "close"):
             source.close()
     total_cpu = sum(cpu.values())
@@ -907,6 +933,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
         "cpu_s_per_step": total_cpu / max(steps, 1),
         "cpu_share": {k: v / wall for k, v in sorted(cpu.items())},
         "torch_threads": torch.get_num_threads(),
+        "device": device,
     }
 
 
@@ -931,6 +958,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--min-steps", type=int, default=2, help="timed learner steps at least")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="host",
+                    help="'host' (train where the batch lies) or a torch device (cuda, cuda:1, cpu): the model "
+                         "there, batches staged to it one step ahead")
     args = ap.parse_args()
     configs = []
     for c in args.configs.split(","):
@@ -958,8 +988,17 @@ def main() -> int:
         import torch  # after the actors started: none of them forks a process that has torch's threads
 
         torch.set_num_threads(os.cpu_count() or 1)
+        if args.device != "host":
+            from train_device import resolve
+
+            try:
+                resolve(args.device)
+            except ValueError as e:
+                print(f"train_run: {e}", file=sys.stderr)
+                return 2
         for model, batch in configs:
-            out = measure(system, spec, model, batch, args.seconds, args.warmup, args.min_steps, steps, meter)
+            out = measure(system, spec, model, batch, args.seconds, args.warmup, args.min_steps, steps, meter,
+                          args.device)
             out.update(system=args.system, actors=args.actors, obs=list(spec.obs_shape),
                        replay_ratio=spec.replay_ratio)
             if not all(p.is_alive() for p in procs):

@@ -109,3 +109,87 @@ def test_table_and_chart_from_given_figures_name_unavailable_systems():
     assert "| 0 | 128 | 32 | reverb | unavailable: no wheel / here |" in md, md
     svg = train.chart(summary, ["gear-local", "cpprb", "reverb"], 32)
     assert svg.count("<circle") == 2 and "no model" in svg
+
+
+class NumberedFeed:
+    """A host feed whose n-th batch is filled with n; records updates."""
+
+    def __init__(self, limit=None):
+        import torch
+
+        self.torch = torch
+        self.n = 0
+        self.limit = limit
+        self.updates = []
+
+    def next(self):
+        if self.limit is not None and self.n >= self.limit:
+            raise OSError("the table is closed")
+        n = self.n
+        self.n += 1
+        t = self.torch
+        return {"obs": t.full((4, 8, 16), n % 251, dtype=t.uint8), "reward": t.full((4, 8), float(n)),
+                "weights": t.ones(4, dtype=t.float64)}, n
+
+    def update(self, handle, priorities):
+        self.updates.append((handle, priorities))
+
+
+def test_device_feed_hands_over_every_batch_in_order_and_never_overwrites_the_one_in_use():
+    torch = pytest.importorskip("torch")
+    import time
+
+    import train_device
+
+    inner = NumberedFeed()
+    feed = train_device.DeviceFeed(inner, torch.device("cpu"))
+    try:
+        for n in range(20):
+            cols, handle = feed.next()
+            assert handle == n
+            # The stager fills every other slot meanwhile; the held one stays.
+            time.sleep(0.01)
+            assert bool((cols["obs"] == n % 251).all()) and bool((cols["reward"] == n).all()), n
+            assert cols["weights"].dtype == torch.float64
+            feed.update(handle, [float(n)])
+        # At most the other slots are staged ahead: it never runs away.
+        assert inner.n <= 20 + train_device.DEPTH
+        assert [h for h, _ in inner.updates] == list(range(20))
+    finally:
+        feed.close()
+
+
+def test_device_feed_reports_the_inner_feeds_error_and_rejects_missing_devices():
+    torch = pytest.importorskip("torch")
+    import train_device
+
+    feed = train_device.DeviceFeed(NumberedFeed(limit=2), torch.device("cpu"))
+    try:
+        feed.next()
+        feed.next()
+        with pytest.raises(RuntimeError, match="staging to cpu failed.*the table is closed"):
+            feed.next()
+    finally:
+        feed.close()
+    with pytest.raises(ValueError, match="depth must be at least 2"):
+        train_device.DeviceFeed(NumberedFeed(), torch.device("cpu"), depth=1)
+    with pytest.raises(ValueError, match="only cpu and cuda"):
+        train_device.resolve("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA device"):
+            train_device.resolve("cuda")
+
+
+def test_the_learner_trains_through_the_device_path(tmp_path):
+    pytest.importorskip("torch")
+    cmd = [sys.executable, str(BENCH / "train_run.py"), "--system", "gear-local", "--window", "8", "--configs",
+           "0:4,S:2", "--actors", "1", "--obs", "64", "--capacity", "4", "--min-episodes", "1", "--seconds", "0.3",
+           "--warmup", "0.2", "--device", "cpu"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [(row["model"], row["device"]) for row in rows] == [("0", "cpu"), ("S", "cpu")], rows
+    assert all(row["steps"] >= 2 and 0 <= row["data_wait_share"] <= 1 for row in rows), rows
+    if not __import__("torch").cuda.is_available():
+        bad = subprocess.run(cmd[:-1] + ["cuda"], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and "torch sees no CUDA device" in bad.stderr, bad.stderr
