@@ -340,6 +340,7 @@ class GearCluster:
 
     def __init__(self, spec: Spec) -> None:
         import gear
+        from shards import start_shard
 
         self.spec = spec
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -364,14 +365,10 @@ class GearCluster:
                     f"[rate_limiter]\nmin_size_to_sample = {min_size}\nsamples_per_insert = {spec.spi}\n"
                     f"error_buffer = {spec.error_buffer / n}\n"
                     f'[grpc]\nlisten = "127.0.0.1:0"\nshard = {s}\n')
-                p = subprocess.Popen([gear_bin(), "serve", "--config", str(config)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, GEAR_TOKEN=self.token))
+                p, addr = start_shard(gear_bin(), str(config), self.token)
                 self.procs.append(p)
-                for line in p.stdout:
-                    if line.startswith("grpc listening on "):
-                        addrs.append(line.split()[3])
-                        break
-                threading.Thread(target=lambda p=p: [None for _ in p.stdout], daemon=True).start()
+                if addr is not None:
+                    addrs.append(addr)
             if len(addrs) != n:
                 raise RuntimeError("a gear serve shard did not start")
         except BaseException:
