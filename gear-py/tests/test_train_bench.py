@@ -33,7 +33,8 @@ def test_a_tiny_grid_runs_end_to_end_and_writes_table_jsonl_and_chart(tmp_path):
     assert sorted((row["run"], row["model"]) for row in rows) == [(1, "0"), (1, "S"), (2, "0"), (2, "S")]
     for row in rows:
         assert row["system"] == "gear-local" and row["window"] == 16 and row["obs"] == [256]
-        assert row["steps"] >= 3 and row["learner_steps_per_s"] > 0
+        # At least --min-steps (2) timed steps, however slow the machine.
+        assert row["steps"] >= 2 and row["learner_steps_per_s"] > 0
         assert math.isclose(row["windows_per_s"], row["learner_steps_per_s"] * row["batch"], rel_tol=1e-9)
         assert 0 <= row["data_wait_share"] <= 1 and 0 <= row["update_share"] <= 1
         assert row["cpu_s_per_step"] > 0 and row["cpu_share"]["learner"] > 0
