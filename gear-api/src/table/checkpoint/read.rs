@@ -29,6 +29,32 @@ struct Header {
     snapshot: u64,
 }
 
+impl Header {
+    /// Refuses counters no table can have: no insert sequence handed out
+    /// (sequences start at 1), more commits than sequences, a snapshot
+    /// larger than the table.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.next_seq == 0 {
+            return Err("corrupted: the header's next insert sequence is 0 (sequences start at 1)".into());
+        }
+        if self.inserts > self.next_seq - 1 {
+            return Err(format!(
+                "corrupted: the header counts {} inserts but only {} insert sequences were handed out",
+                self.inserts,
+                self.next_seq - 1
+            ));
+        }
+        let capacity = self.spec.capacity();
+        if self.snapshot > capacity {
+            return Err(format!(
+                "corrupted: the header's snapshot holds {} trajectories, more than the capacity of {capacity}",
+                self.snapshot
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn parse_header(payload: &[u8]) -> std::result::Result<Header, String> {
     let mut f = Fields::new(payload, "header chunk");
     let spec_len = f.u32()? as usize;
@@ -80,6 +106,7 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
             ),
         ));
     }
+    header.check().map_err(|p| problem(path, p))?;
     let sh = &table.shared;
     let region = &sh.region;
     let layout = region.layout();
@@ -95,8 +122,8 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     if !fresh {
         return Err(problem(path, "a checkpoint is restored only into a freshly built table"));
     }
-    let mut seen = vec![false; capacity as usize];
-    let (mut restored, mut data_bytes, mut max_seq) = (0u64, 0u64, 0u64);
+    let mut records = Records { seen: vec![false; capacity as usize], ..Records::default() };
+    let (mut restored, mut data_bytes) = (0u64, 0u64);
     let mut states: Vec<(u8, String, Vec<u8>)> = Vec::new();
     loop {
         let (tag, len) = chunks.begin(data_limit.max(strategy_limit))?;
@@ -105,10 +132,8 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
                 // Read straight into the slots; a checksum that then fails
                 // drops the table with them.
                 while chunks.left() > 0 {
-                    let (seq, bytes) = restore_record(table, &mut chunks, &step_bytes, &mut seen, owner)?;
+                    data_bytes += restore_record(table, &mut chunks, &step_bytes, &header, &mut records, owner)?;
                     restored += 1;
-                    data_bytes += bytes;
-                    max_seq = max_seq.max(seq);
                 }
                 chunks.finish()?;
             }
@@ -120,6 +145,13 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
                 match tag {
                     Tag::Strategy => {
                         let role = f.take(1).map_err(|p| problem(path, p))?[0];
+                        if role > 1 || states.iter().any(|(r, _, _)| *r == role) {
+                            let what = if role > 1 { "unknown" } else { "a second" };
+                            return Err(problem(
+                                path,
+                                format!("corrupted: a strategy chunk of {what} role {role} (0: sampler, 1: remover)"),
+                            ));
+                        }
                         let name = f.string().map_err(|p| problem(path, p))?;
                         states.push((role, name, f.rest().to_vec()));
                     }
@@ -144,6 +176,7 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     if !chunks.at_end()? {
         return Err(problem(path, "corrupted: bytes follow the end chunk"));
     }
+    records.check_against(&header, restored).map_err(|p| problem(path, p))?;
     let ctl = l.ctl();
     ctl.inserts.store(header.inserts, Ordering::Relaxed);
     ctl.samples.store(header.samples, Ordering::Relaxed);
@@ -151,7 +184,8 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     ctl.retired.store(header.retired, Ordering::Relaxed);
     ctl.reclaimed.store(header.reclaimed, Ordering::Relaxed);
     ctl.bytes_written.store(header.bytes_written, Ordering::Relaxed);
-    ctl.next_seq.store(header.next_seq.max(max_seq.saturating_add(1)), Ordering::Relaxed);
+    // Every record's sequence was checked to be below it.
+    ctl.next_seq.store(header.next_seq, Ordering::Relaxed);
     // Free list, size and the strategies from the restored slot records
     // (members re-inserted in insertion order), then what the strategies
     // kept beyond that.
@@ -186,15 +220,90 @@ fn advise_sequential(file: &File) {
     let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
 }
 
+/// What the records read so far add up to, for the checks that need all
+/// of them ([`Records::check_against`]).
+#[derive(Default)]
+struct Records {
+    /// Slots restored so far.
+    seen: Vec<bool>,
+    /// Insert sequences, in file order.
+    seqs: Vec<u64>,
+    /// Sum of the fewest slot reuses each record's generation implies.
+    reuses: u128,
+    /// Sum of times sampled.
+    times_sampled: u128,
+}
+
+impl Records {
+    /// The checks across records and against the header's counters, once
+    /// every record was read. What a real table guarantees:
+    /// * every trajectory took its own insert sequence when it began, so
+    ///   sequences are distinct (and each is below the next one, checked
+    ///   per record);
+    /// * each begin bumped one slot's generation by one, so the
+    ///   generations (as reuses, see [`fewest_reuses`]) add up to at most
+    ///   the sequences handed out;
+    /// * each committed trajectory was counted in `inserts`;
+    /// * a sampled row counts one sample on its trajectory; a row whose
+    ///   copy was overwritten is drawn again, uncounted, at most
+    ///   `MAX_COPY_ATTEMPTS - 1` times, so the times sampled add up to at
+    ///   most `MAX_COPY_ATTEMPTS` per sampled row.
+    fn check_against(&mut self, header: &Header, restored: u64) -> std::result::Result<(), String> {
+        let mut sorted = std::mem::take(&mut self.seqs);
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("corrupted: two trajectories have insert sequence {}", w[0]));
+        }
+        let handed_out = header.next_seq - 1;
+        if self.reuses > u128::from(handed_out) {
+            return Err(format!(
+                "corrupted: the slots' generations add up to {} reuses, but only {handed_out} trajectories were                  ever begun",
+                self.reuses
+            ));
+        }
+        if restored > header.inserts {
+            return Err(format!(
+                "corrupted: the file holds {restored} trajectories, but the header counts {} inserts",
+                header.inserts
+            ));
+        }
+        let most = u128::from(header.samples) * u128::from(crate::sampler::MAX_COPY_ATTEMPTS);
+        if self.times_sampled > most {
+            return Err(format!(
+                "corrupted: the trajectories were sampled {} times in all, but the table sampled {} rows (each \
+                 counts at most {} times)",
+                self.times_sampled,
+                header.samples,
+                crate::sampler::MAX_COPY_ATTEMPTS
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The fewest times a slot was taken for writing if its current
+/// generation is `generation`: generations start at 0, each take bumps
+/// them by one, and they wrap at 2^32, so generation 0 of a committed
+/// trajectory means 2^32 takes at least.
+fn fewest_reuses(generation: u32) -> u64 {
+    if generation == 0 {
+        1 << 32
+    } else {
+        u64::from(generation)
+    }
+}
+
 /// Restores one trajectory record of the data chunk being read into its
-/// slot. Returns its insert sequence and data bytes.
+/// slot, refusing a record no table writes (see the checks below and
+/// [`Records::check_against`]). Returns its data bytes.
 fn restore_record<R: Read>(
     table: &ReplayTable,
     chunks: &mut ChunkReader<'_, R>,
     step_bytes: &[usize],
-    seen: &mut [bool],
+    header: &Header,
+    records: &mut Records,
     owner: u64,
-) -> Result<(u64, u64)> {
+) -> Result<u64> {
     let region = &table.shared.region;
     let path = chunks.path();
     let mut fixed = [0u8; RECORD_BYTES];
@@ -207,19 +316,37 @@ fn restore_record<R: Read>(
     let times_sampled = f.u64().map_err(bad)?;
     let insert_seq = f.u64().map_err(bad)?;
     let key = SlotKey { slot, generation };
-    let Some(first) = seen.get_mut(slot as usize) else {
-        return Err(bad(format!("corrupted: slot {slot} is beyond the capacity of {}", seen.len())));
+    let capacity = records.seen.len();
+    let Some(first) = records.seen.get_mut(slot as usize) else {
+        return Err(bad(format!("corrupted: slot {slot} is beyond the capacity of {capacity}")));
     };
     if std::mem::replace(first, true) {
         return Err(bad(format!("corrupted: slot {slot} appears twice")));
     }
-    if len > region.spec().max_len() {
+    let t = region.spec().max_len();
+    if len == 0 || len > t {
         return Err(bad(format!(
-            "corrupted: slot {slot} holds {len} steps, more than T = {}",
-            region.spec().max_len()
+            "corrupted: slot {slot} holds {len} steps; a committed trajectory holds 1 to T = {t}"
+        )));
+    }
+    if insert_seq == 0 || insert_seq >= header.next_seq {
+        return Err(bad(format!(
+            "corrupted: slot {slot} has insert sequence {insert_seq}; the table had handed out 1 to {}",
+            header.next_seq - 1
+        )));
+    }
+    // The slot was taken at least `fewest_reuses` times, the last time by
+    // this trajectory, whose sequence counts every take of any slot.
+    if fewest_reuses(generation) > insert_seq {
+        return Err(bad(format!(
+            "corrupted: slot {slot} has generation {generation}, impossible for insert sequence {insert_seq} \
+             (each insert takes one sequence and bumps one slot's generation)"
         )));
     }
     check_priority(priority).map_err(|e| bad(format!("corrupted: slot {slot}: {e}")))?;
+    records.seqs.push(insert_seq);
+    records.reuses += u128::from(fewest_reuses(generation));
+    records.times_sampled += u128::from(times_sampled);
     let rec = region.slot(slot)?;
     rec.begin_restore(key, owner, insert_seq, priority)?;
     let mut total = 0u64;
@@ -231,5 +358,5 @@ fn restore_record<R: Read>(
     rec.publish_len(key, len)?;
     rec.commit(key)?;
     rec.set_times_sampled(key, times_sampled);
-    Ok((insert_seq, total))
+    Ok(total)
 }
