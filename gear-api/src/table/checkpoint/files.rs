@@ -117,6 +117,18 @@ impl ReplacingFile {
         File::open(dir).and_then(|d| d.sync_all()).map_err(|e| context(e, "fsync the directory", dir))
     }
 
+    /// Removes the temporary files of `target` that no live writer holds
+    /// (see [`ReplacingFile::remove_stale`]); none when its directory does
+    /// not exist. Returns how many were removed.
+    pub fn remove_stale_of(target: &Path) -> io::Result<usize> {
+        let Some(name) = target.file_name().and_then(|n| n.to_str()) else { return Ok(0) };
+        let dir = directory_of(target);
+        if !dir.is_dir() {
+            return Ok(0);
+        }
+        ReplacingFile::remove_stale(dir, |t| t == name)
+    }
+
     /// Removes the temporary files in `dir` that no live writer holds,
     /// among those of targets whose names `is_target` accepts. Returns how
     /// many were removed. Files being written (their lock held, even by a
@@ -289,7 +301,7 @@ fn names_file(path: &Path, file: &File) -> io::Result<bool> {
 }
 
 /// The directory holding `path` (`.` for a bare file name).
-pub(super) fn directory_of(path: &Path) -> &Path {
+fn directory_of(path: &Path) -> &Path {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

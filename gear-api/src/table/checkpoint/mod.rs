@@ -115,14 +115,7 @@ impl ReplayTable {
     /// `path` that died are removed first.
     pub fn checkpoint(&self, path: impl AsRef<Path>) -> Result<CheckpointReport> {
         let path = path.as_ref();
-        if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-            let dir = files::directory_of(path);
-            // A missing directory fails below, with the create's error.
-            if dir.is_dir() {
-                files::ReplacingFile::remove_stale(dir, |target| target == name)
-                    .map_err(|e| format::problem(path, e.to_string()))?;
-            }
-        }
+        files::ReplacingFile::remove_stale_of(path).map_err(|e| format::problem(path, e.to_string()))?;
         write::write_checkpoint(self, path)
     }
 
