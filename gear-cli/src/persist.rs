@@ -29,8 +29,19 @@ pub struct CheckpointSchedule {
 
 impl CheckpointSchedule {
     /// Checkpoints into `dir` (numbered, the newest `keep` kept) every
-    /// `every`, on SIGUSR1 and at [`CheckpointSchedule::finish`].
+    /// `every`, on SIGUSR1 and at [`CheckpointSchedule::finish`]. First
+    /// removes the temporary files that writers killed mid-checkpoint left
+    /// in `dir` (never a live writer's).
     pub fn new(dir: PathBuf, every: Option<Duration>, keep: usize) -> Self {
+        if dir.is_dir() {
+            match gear_api::table::checkpoint::remove_stale_temporaries(&dir) {
+                Ok(0) => {}
+                Ok(n) => {
+                    eprintln!("removed {n} temporary files of checkpoints whose writer died, from {}", dir.display())
+                }
+                Err(e) => eprintln!("warning: {e}"),
+            }
+        }
         // SAFETY: the handler only stores to an atomic, which is
         // async-signal-safe; the function pointer has the C ABI signal()
         // expects.

@@ -184,3 +184,65 @@ fn absurd_arguments_are_clear_errors() {
     // Nothing was written by the refused imports.
     assert!(!ck.exists());
 }
+
+/// A node like `/dev/null` in `dir` where this process may make one (as
+/// root: a regression then replaces that copy, never the machine's
+/// `/dev/null`); `/dev/null` itself where the process may not replace it
+/// anyway; `None` for root without the right to make device nodes.
+fn null_device(dir: &Path) -> Option<PathBuf> {
+    let node = dir.join("null-device");
+    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path for the call.
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
+        return Some(node);
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some(PathBuf::from("/dev/null"));
+    }
+    eprintln!("skipping the device-node target: root without CAP_MKNOD");
+    None
+}
+
+/// `--checkpoint /dev/null` (a new user's way to say "don't keep it") and
+/// other targets that are not regular files are refused before the
+/// import; `--no-checkpoint` is the way to keep nothing. `gear export`
+/// refuses such `--hdf5` targets too.
+#[test]
+fn outputs_that_are_not_regular_files_are_refused_before_any_work() {
+    use std::os::unix::fs::FileTypeExt;
+    let d = dir("targets");
+    let (src, cfg) = (d.0.join("d4rl.hdf5"), config(&d.0, "f32"));
+    d4rl(&src);
+    let (s, c) = (src.to_str().unwrap(), cfg.to_str().unwrap());
+    let fifo = d.0.join("a-fifo");
+    let cf = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `cf` is a valid NUL-terminated path for the call.
+    assert_eq!(unsafe { libc::mkfifo(cf.as_ptr(), 0o600) }, 0);
+    let subdir = d.0.join("a-directory");
+    std::fs::create_dir(&subdir).unwrap();
+    let mut targets = vec![(fifo.clone(), "is a FIFO"), (subdir.clone(), "is a directory")];
+    if let Some(null) = null_device(&d.0) {
+        targets.push((null, "is a character device, not a regular file"));
+    }
+    for (target, word) in &targets {
+        let t = target.to_str().unwrap();
+        let (code, out, err) = gear(&["import", "--hdf5", s, "--config", c, "--checkpoint", t]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(word) && err.contains("--checkpoint"), "{err}");
+        assert!(!out.contains("imported"), "refused before the import: {out}");
+        let (code, _, err) = gear(&["export", "--hdf5", t, "--config", c, "--checkpoint", "/nonexistent.ckpt"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(word) && err.contains("--hdf5"), "{err}");
+    }
+    for (target, _) in &targets {
+        let kind = std::fs::symlink_metadata(target).unwrap().file_type();
+        assert!(kind.is_fifo() || kind.is_dir() || kind.is_char_device(), "{} was replaced", target.display());
+    }
+    // Keeping nothing, said plainly.
+    let (code, out, err) = gear(&["import", "--hdf5", s, "--config", c, "--no-checkpoint"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("kept nowhere") && out.contains("5 episodes -> 5 trajectories"), "{out}");
+    let (code, _, err) = gear(&["import", "--hdf5", s, "--config", c, "--no-checkpoint", "--checkpoint", "x.ckpt"]);
+    assert_eq!(code, 2, "{err}");
+}
