@@ -720,6 +720,30 @@ fn sigkill_while_checkpointing_leaves_the_previous_checkpoint_loadable() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A table large enough (69 MB of slots) for the restore to fault its
+/// pages in from a second thread, written past its capacity so that the
+/// file's order (oldest insert first) starts mid-table and wraps: every
+/// row restores intact while that thread populates the pages around it.
+#[test]
+fn a_large_table_restores_every_row_while_its_pages_are_faulted_in_ahead() {
+    let dir = temp_dir("large");
+    let capacity = 16384;
+    let table = ReplayTable::builder(pattern_spec(capacity))
+        .sampler_kind(StrategyKind::Fifo, StrategyParams::default())
+        .build()
+        .unwrap();
+    let writer = table.writer();
+    for id in 1..=(capacity as i64 * 3 / 2) {
+        write_pattern(&writer, id, 1 + (id as u64 * 7) % 16);
+    }
+    let path = dir.join("large.gear");
+    let report = table.checkpoint(&path).unwrap();
+    assert_eq!(report.trajectories, capacity);
+    let restored = restore_fifo(&path, capacity).unwrap();
+    assert_eq!(check_every_row(&restored), capacity);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The temporary files in `dir`.
 fn temporaries(dir: &Path) -> Vec<String> {
     names_in(dir).into_iter().filter(|n| n.contains(".tmp.")).collect()

@@ -1,9 +1,11 @@
 //! Restoring a checkpoint into a freshly built table: trajectory bytes are
 //! read straight into their slots (no staging copy) and each data chunk's
 //! checksum is checked at its end, other chunks are checked before they
-//! are parsed, every record is bounded by the spec, and the table is handed
-//! out only once the whole file has been read and checked (an error drops
-//! it: never a half-loaded table).
+//! are parsed, every record is bounded by the spec and checked against
+//! what a real table can hold (see [`Records::check_against`]), and the
+//! table is handed out only once the whole file has been read and checked
+//! (an error drops it: never a half-loaded table). A second thread faults
+//! the table's pages in ahead of the reader ([`Prefault`]).
 
 use super::format::{
     self, check_preamble, problem, ChunkReader, Fields, Tag, CHUNK_TARGET, PREAMBLE_BYTES, RECORD_BYTES,
@@ -14,7 +16,7 @@ use gear_core::{check_priority, MemoryKind, MemoryRegion, SlotKey, TableSpec};
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The counters of the header chunk.
 struct Header {
@@ -115,6 +117,7 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
     let owner = u64::from(sh.lease.token());
     let data_limit = (CHUNK_TARGET.max(RECORD_BYTES + layout.slot_stride() as usize)) as u64;
     let strategy_limit = capacity.saturating_mul(16).saturating_add(1 << 16);
+    let limits = ChunkLimits { chunk: data_limit.max(strategy_limit), owner, step_bytes: &step_bytes };
     // Held for the whole restore: no process that attaches meanwhile sees
     // a table half restored.
     let mut l = sh.lock(None)?;
@@ -123,16 +126,93 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
         return Err(problem(path, "a checkpoint is restored only into a freshly built table"));
     }
     let mut records = Records { seen: vec![false; capacity as usize], ..Records::default() };
+    // The reader announces the slot it fills; a second thread faults the
+    // pool's pages in ahead of it (see `Prefault`).
+    let prefault = Prefault::new(table);
+    let read = std::thread::scope(|scope| {
+        if let Some(p) = &prefault {
+            scope.spawn(|| p.run());
+        }
+        let read = read_chunks(table, &mut chunks, &header, &mut records, prefault.as_ref(), limits);
+        if let Some(p) = &prefault {
+            p.stop.store(true, Ordering::Relaxed);
+        }
+        read
+    });
+    let (restored, states) = read?;
+    if !chunks.at_end()? {
+        return Err(problem(path, "corrupted: bytes follow the end chunk"));
+    }
+    records.check_against(&header, restored).map_err(|p| problem(path, p))?;
+    let ctl = l.ctl();
+    ctl.inserts.store(header.inserts, Ordering::Relaxed);
+    ctl.samples.store(header.samples, Ordering::Relaxed);
+    ctl.evictions.store(header.evictions, Ordering::Relaxed);
+    ctl.retired.store(header.retired, Ordering::Relaxed);
+    ctl.reclaimed.store(header.reclaimed, Ordering::Relaxed);
+    ctl.bytes_written.store(header.bytes_written, Ordering::Relaxed);
+    // Every record's sequence was checked to be below it.
+    ctl.next_seq.store(header.next_seq, Ordering::Relaxed);
+    // Free list, size and the strategies from the restored slot records
+    // (members re-inserted in insertion order), then what the strategies
+    // kept beyond that.
+    l.repair();
+    for (role, name, state) in &states {
+        let sel = if *role == 0 { &mut l.local.sampler } else { &mut l.local.remover };
+        // A table restored with other strategies than it was written with
+        // starts them from the members alone.
+        if sel.name() == name {
+            sel.import_state(state).map_err(|e| problem(path, format!("strategy `{name}`: {e}")))?;
+        }
+    }
+    l.wake();
+    // The restore built its host pool of small pages, faulted in as the
+    // bytes landed (see `HostPool::unpopulated`); from now on the kernel
+    // may merge them into huge pages in the background, as a built table
+    // has from the start.
+    let pool = region.region();
+    if let (MemoryKind::Host, Some(p)) = (pool.kind(), pool.host_ptr()) {
+        gear_core::hint::advise_huge_pages(p.as_ptr(), usize::try_from(pool.len()).unwrap_or(0));
+    }
+    Ok(())
+}
+
+/// What [`read_chunks`] may read and who restores.
+#[derive(Clone, Copy)]
+struct ChunkLimits<'a> {
+    /// The longest chunk payload a correct file has.
+    chunk: u64,
+    /// The restoring process's lease token, as slot owner.
+    owner: u64,
+    /// Bytes of one step of each column.
+    step_bytes: &'a [usize],
+}
+
+/// `(role, name, state)` of each strategy chunk.
+type StrategyStates = Vec<(u8, String, Vec<u8>)>;
+
+/// Reads the chunks after the header up to and including the end chunk:
+/// trajectory records into their slots, strategy states into the list it
+/// returns with the number of trajectories restored.
+fn read_chunks<R: Read>(
+    table: &ReplayTable,
+    chunks: &mut ChunkReader<'_, R>,
+    header: &Header,
+    records: &mut Records,
+    prefault: Option<&Prefault>,
+    limits: ChunkLimits<'_>,
+) -> Result<(u64, StrategyStates)> {
+    let path = chunks.path();
     let (mut restored, mut data_bytes) = (0u64, 0u64);
-    let mut states: Vec<(u8, String, Vec<u8>)> = Vec::new();
+    let mut states = StrategyStates::new();
     loop {
-        let (tag, len) = chunks.begin(data_limit.max(strategy_limit))?;
+        let (tag, len) = chunks.begin(limits.chunk)?;
         match tag {
             Tag::Data => {
                 // Read straight into the slots; a checksum that then fails
                 // drops the table with them.
                 while chunks.left() > 0 {
-                    data_bytes += restore_record(table, &mut chunks, &step_bytes, &header, &mut records, owner)?;
+                    data_bytes += restore_record(table, chunks, limits, header, records, prefault)?;
                     restored += 1;
                 }
                 chunks.finish()?;
@@ -173,41 +253,105 @@ pub(crate) fn restore_into(table: &ReplayTable, path: &Path) -> Result<()> {
             }
         }
     }
-    if !chunks.at_end()? {
-        return Err(problem(path, "corrupted: bytes follow the end chunk"));
+    Ok((restored, states))
+}
+
+/// Faults the pages of a restored table's data area in from a second
+/// thread, ahead of the reader: `madvise(MADV_POPULATE_WRITE)`, 4 MiB at
+/// a time, from the slot the reader fills onwards. A restore writes into
+/// memory the process did not have; faulted in by the reader's own copies,
+/// each 4 KiB page costs a fault, a clear and a second write on the
+/// reader's thread (a plain read into a reused buffer pays none of it).
+/// Populating never changes a byte (it faults pages in as a write would,
+/// without the write), so it may run while the reader writes. Kernels
+/// without it (before Linux 5.14) refuse the call, and the reader faults
+/// its pages itself, as without this thread.
+struct Prefault {
+    /// Address and length of the data area.
+    base: usize,
+    len: usize,
+    /// Bytes of one slot.
+    stride: usize,
+    /// The slot the reader fills (`u64::MAX` before the first).
+    reader: AtomicU64,
+    /// Set when the reader is done.
+    stop: AtomicBool,
+}
+
+/// Bytes populated per call.
+const PREFAULT_STEP: usize = 4 << 20;
+
+impl Prefault {
+    /// `None` for a table whose data area is not host memory, or is too
+    /// small for a second thread to pay off.
+    fn new(table: &ReplayTable) -> Option<Prefault> {
+        let region = &table.shared.region;
+        let pool = region.region();
+        if pool.kind() != MemoryKind::Host || pool.host_ptr().is_none() {
+            return None;
+        }
+        let stride = usize::try_from(region.layout().slot_stride()).ok()?;
+        let len = stride.checked_mul(usize::try_from(region.spec().capacity()).ok()?)?;
+        (len >= 16 * PREFAULT_STEP).then(|| Prefault {
+            base: region.data_ptr().as_ptr() as usize,
+            len,
+            stride,
+            reader: AtomicU64::new(u64::MAX),
+            stop: AtomicBool::new(false),
+        })
     }
-    records.check_against(&header, restored).map_err(|p| problem(path, p))?;
-    let ctl = l.ctl();
-    ctl.inserts.store(header.inserts, Ordering::Relaxed);
-    ctl.samples.store(header.samples, Ordering::Relaxed);
-    ctl.evictions.store(header.evictions, Ordering::Relaxed);
-    ctl.retired.store(header.retired, Ordering::Relaxed);
-    ctl.reclaimed.store(header.reclaimed, Ordering::Relaxed);
-    ctl.bytes_written.store(header.bytes_written, Ordering::Relaxed);
-    // Every record's sequence was checked to be below it.
-    ctl.next_seq.store(header.next_seq, Ordering::Relaxed);
-    // Free list, size and the strategies from the restored slot records
-    // (members re-inserted in insertion order), then what the strategies
-    // kept beyond that.
-    l.repair();
-    for (role, name, state) in &states {
-        let sel = if *role == 0 { &mut l.local.sampler } else { &mut l.local.remover };
-        // A table restored with other strategies than it was written with
-        // starts them from the members alone.
-        if sel.name() == name {
-            sel.import_state(state).map_err(|e| problem(path, format!("strategy `{name}`: {e}")))?;
+
+    /// The populating thread: from the reader's step onwards, wrapping
+    /// around, each step once; a step the reader reached first is left to
+    /// it.
+    fn run(&self) {
+        let steps = self.len.div_ceil(PREFAULT_STEP);
+        let mut done = vec![false; steps];
+        let mut left = steps;
+        let reader_step = |p: &Prefault| match p.reader.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            slot => Some((slot as usize).saturating_mul(p.stride) / PREFAULT_STEP % steps),
+        };
+        let mut cursor = loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match reader_step(self) {
+                Some(s) => break s,
+                None => std::thread::yield_now(),
+            }
+        };
+        while left > 0 && !self.stop.load(Ordering::Relaxed) {
+            if let Some(r) = reader_step(self) {
+                if !done[r] && r != cursor {
+                    // The reader overtook (or jumped past) the cursor: it
+                    // faults its own step; go on after it.
+                    done[r] = true;
+                    left -= 1;
+                    cursor = (r + 1) % steps;
+                    continue;
+                }
+            }
+            if !done[cursor] {
+                let at = cursor * PREFAULT_STEP;
+                let n = PREFAULT_STEP.min(self.len - at);
+                // SAFETY: [base + at, base + at + n) lies inside the data
+                // area of the table's mapping (at < len, n <= len - at),
+                // which outlives this thread (a scoped thread, joined
+                // before the table is handed out or dropped).
+                // MADV_POPULATE_WRITE only faults the pages in, as a write
+                // would, and changes no byte of them, so the reader's
+                // concurrent writes into the same pages are unaffected.
+                let rc = unsafe { libc::madvise((self.base + at) as *mut libc::c_void, n, libc::MADV_POPULATE_WRITE) };
+                if rc != 0 {
+                    return;
+                }
+                done[cursor] = true;
+                left -= 1;
+            }
+            cursor = (cursor + 1) % steps;
         }
     }
-    l.wake();
-    // The restore built its host pool of small pages, faulted in as the
-    // bytes landed (see `HostPool::unpopulated`); from now on the kernel
-    // may merge them into huge pages in the background, as a built table
-    // has from the start.
-    let pool = region.region();
-    if let (MemoryKind::Host, Some(p)) = (pool.kind(), pool.host_ptr()) {
-        gear_core::hint::advise_huge_pages(p.as_ptr(), usize::try_from(pool.len()).unwrap_or(0));
-    }
-    Ok(())
 }
 
 /// Tells the kernel the file is read once, front to back (a larger
@@ -299,10 +443,10 @@ fn fewest_reuses(generation: u32) -> u64 {
 fn restore_record<R: Read>(
     table: &ReplayTable,
     chunks: &mut ChunkReader<'_, R>,
-    step_bytes: &[usize],
+    limits: ChunkLimits<'_>,
     header: &Header,
     records: &mut Records,
-    owner: u64,
+    prefault: Option<&Prefault>,
 ) -> Result<u64> {
     let region = &table.shared.region;
     let path = chunks.path();
@@ -348,9 +492,12 @@ fn restore_record<R: Read>(
     records.reuses += u128::from(fewest_reuses(generation));
     records.times_sampled += u128::from(times_sampled);
     let rec = region.slot(slot)?;
-    rec.begin_restore(key, owner, insert_seq, priority)?;
+    rec.begin_restore(key, limits.owner, insert_seq, priority)?;
+    if let Some(p) = prefault {
+        p.reader.store(u64::from(slot), Ordering::Relaxed);
+    }
     let mut total = 0u64;
-    for (c, &s) in step_bytes.iter().enumerate() {
+    for (c, &s) in limits.step_bytes.iter().enumerate() {
         let n = s * len as usize;
         region.fill_steps(key, c, 0, n, |out| chunks.part(out))??;
         total += n as u64;
