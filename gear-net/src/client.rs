@@ -44,11 +44,13 @@ mod assemble;
 mod insert;
 mod masses;
 mod spread;
+mod tables;
 
 use assemble::Assembly;
 use masses::ShardMasses;
 
 pub use insert::TRAJECTORIES_PER_STREAM;
+pub use tables::{ShardTables, TableStatus};
 
 mod data_plane;
 pub use data_plane::{DataPlane, MAX_READ_ATTEMPTS};
@@ -89,6 +91,10 @@ impl From<RemoteKey> for proto::Key {
 pub struct ClusterConfig {
     /// `host:port` of each shard server, index = shard id.
     pub shards: Vec<String>,
+    /// The table every call of this client uses, by its name on the
+    /// shards; empty: each shard's only table (refused, listing the
+    /// tables, by a shard that serves several).
+    pub table: String,
     /// The cluster token.
     pub token: String,
     /// Deadline of each call.
@@ -125,6 +131,7 @@ impl ClusterConfig {
     pub fn new(addresses: Vec<String>, token: impl Into<String>) -> Self {
         ClusterConfig {
             shards: addresses,
+            table: String::new(),
             token: token.into(),
             call_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
@@ -347,14 +354,22 @@ impl ClusterClient {
     /// The spec of shard `shard` (every shard of a table has the same).
     pub fn spec(&self, shard: usize) -> Result<(TableSpec, proto::SpecReply)> {
         let mut c = self.client(shard)?;
-        let reply = self.runtime.block_on(c.get_spec(SpecRequest {})).map_err(|s| status(shard, s))?.into_inner();
+        let reply = self
+            .runtime
+            .block_on(c.get_spec(SpecRequest { table: self.config.table.clone() }))
+            .map_err(|s| status(shard, s))?
+            .into_inner();
         Ok((spec_from_proto(&reply)?, reply))
     }
 
     /// Counters of shard `shard`.
     pub fn info(&self, shard: usize) -> Result<proto::InfoReply> {
         let mut c = self.client(shard)?;
-        Ok(self.runtime.block_on(c.info(InfoRequest {})).map_err(|s| status(shard, s))?.into_inner())
+        Ok(self
+            .runtime
+            .block_on(c.info(InfoRequest { table: self.config.table.clone() }))
+            .map_err(|s| status(shard, s))?
+            .into_inner())
     }
 
     fn client(&self, shard: usize) -> Result<Grpc> {
@@ -447,7 +462,13 @@ impl ClusterClient {
                         continue;
                     }
                     let mut c = self.shards[s].clone();
-                    let req = sample_request(request, n, self.config.call_timeout, self.incarnation_of(s));
+                    let req = sample_request(
+                        &self.config.table,
+                        request,
+                        n,
+                        self.config.call_timeout,
+                        self.incarnation_of(s),
+                    );
                     let id = calls.spawn(async move { c.sample(req).await }).id();
                     blocks.insert(id, (s, n, start));
                     start += n as usize;
@@ -516,8 +537,10 @@ impl ClusterClient {
     /// Every shard's `Info`, asked at once: one outcome per shard, in order.
     pub(crate) fn all_infos(&self) -> Vec<InfoOutcome> {
         self.runtime.block_on(async {
-            let calls =
-                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
+            let calls = self.shards.iter().cloned().map(|mut c| {
+                let table = self.config.table.clone();
+                tokio::spawn(async move { c.info(InfoRequest { table }).await })
+            });
             let mut out = Vec::new();
             for call in calls.collect::<Vec<_>>() {
                 out.push(call.await);
@@ -576,7 +599,13 @@ impl ClusterClient {
     /// weights; for deterministic strategies).
     pub fn sample_shard(&self, shard: usize, request: &ClusterSample) -> Result<ClusterBatch> {
         let mut c = self.client(shard)?;
-        let req = sample_request(request, request.rows, self.config.call_timeout, self.incarnation_of(shard));
+        let req = sample_request(
+            &self.config.table,
+            request,
+            request.rows,
+            self.config.call_timeout,
+            self.incarnation_of(shard),
+        );
         let reply = match self.runtime.block_on(c.sample(req)) {
             Ok(r) => r.into_inner(),
             Err(e) => {
@@ -619,7 +648,7 @@ impl ClusterClient {
             let mut c = self.shards[s].clone();
             let reply = self
                 .runtime
-                .block_on(c.update_priorities(UpdateRequest { updates: list }))
+                .block_on(c.update_priorities(UpdateRequest { updates: list, table: self.config.table.clone() }))
                 .map_err(|e| status(s, e))?
                 .into_inner();
             self.note_mass(s, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
@@ -672,10 +701,17 @@ impl ClusterClient {
     }
 }
 
-/// The request for `rows` rows from a shard the client knows as
+/// The request for `rows` rows of `table` from a shard the client knows as
 /// `incarnation` (`None`: any run).
-fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration, incarnation: Option<u64>) -> SampleRequest {
+fn sample_request(
+    table: &str,
+    request: &ClusterSample,
+    rows: u64,
+    timeout: Duration,
+    incarnation: Option<u64>,
+) -> SampleRequest {
     SampleRequest {
+        table: table.to_owned(),
         rows,
         window_offset: request.window.offset,
         window_len: request.window.len,
@@ -688,6 +724,7 @@ fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration, incarna
         timeout_ms: (timeout.as_millis() as u64).saturating_mul(3) / 4,
         ranges: false,
         incarnation: incarnation.unwrap_or(0),
+        data_plane_session: 0,
     }
 }
 
@@ -707,13 +744,20 @@ fn check_sample_reply(shard: usize, rows: u64, r: &proto::SampleReply) -> Result
     Ok(())
 }
 
-/// The insert stream of `trajectories`: chunks of at most `chunk_steps`.
-fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
+/// The insert stream of `trajectories` into `table`: chunks of at most
+/// `chunk_steps`, the first naming the table.
+fn chunks_of(table: &str, trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
     let mut out = Vec::new();
     for t in trajectories {
         if chunk_steps == 0 || chunk_steps >= t.steps {
             // One chunk: the buffers move, no copy.
-            out.push(InsertChunk { steps: t.steps, columns: t.columns, priority: t.priority, end: true });
+            out.push(InsertChunk {
+                steps: t.steps,
+                columns: t.columns,
+                priority: t.priority,
+                end: true,
+                table: String::new(),
+            });
             continue;
         }
         let step_bytes: Vec<usize> = t.columns.iter().map(|c| c.len() / t.steps as usize).collect();
@@ -735,8 +779,11 @@ fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: 
                 .collect();
             let priority = if done == 0 { t.priority } else { None };
             done += steps;
-            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps });
+            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps, table: String::new() });
         }
+    }
+    if let Some(first) = out.first_mut() {
+        first.table = table.to_owned();
     }
     out
 }

@@ -3,10 +3,13 @@
 //! GEAR-rs over the network, on gRPC (tonic/prost; the interface is
 //! `proto/gear.proto`):
 //!
-//! * [`server`]: a shard server hosting one [`gear_api::ReplayTable`] —
-//!   spec and region, sampling (the shard draws with its strategy, gathers
-//!   the windows and re-checks each slot's generation, redrawing torn rows),
-//!   priority updates, streamed remote inserts, info, health;
+//! * [`server`]: a shard server hosting one or several
+//!   [`gear_api::ReplayTable`]s, each under its name — spec and region,
+//!   sampling (the shard draws with the table's strategy, gathers the
+//!   windows and re-checks each slot's generation, redrawing torn rows),
+//!   priority updates, streamed remote inserts, info, health, the list of
+//!   tables;
+//! * [`metrics`]: the server's Prometheus metrics and their HTTP endpoint;
 //! * [`client`]: [`ClusterClient`], which samples across shards with one
 //!   table's distribution, routes priority updates to the owning shard,
 //!   spreads writers, and leaves out (and reports) shards that fail;
@@ -32,6 +35,7 @@ pub mod committed;
 pub mod connect;
 pub mod convert;
 pub mod error;
+pub mod metrics;
 pub mod rdma_settings;
 pub mod server;
 pub mod tls;
@@ -47,9 +51,12 @@ pub mod proto {
 
 pub use client::{
     ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard, RemoteKey, RemoteTrajectory,
-    WriteTarget,
+    ShardTables, TableStatus, WriteTarget,
 };
 pub use error::{Error, Result};
+pub use metrics::{MetricsConfig, MetricsServer};
 pub use rdma_settings::RdmaSettings;
-pub use server::{DataPlaneServer, ServerConfig, ServerHandle, ShardService, StrategyInfo};
+pub use server::{
+    DataPlaneServer, NamedTable, ServedTables, ServerConfig, ServerHandle, ShardService, StrategyInfo, DEFAULT_TABLE,
+};
 pub use tls::ClientTls;
