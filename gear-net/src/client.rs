@@ -44,12 +44,14 @@ mod assemble;
 mod insert;
 mod masses;
 mod spread;
+mod stream;
 mod tables;
 
 use assemble::Assembly;
 use masses::ShardMasses;
 
 pub use insert::TRAJECTORIES_PER_STREAM;
+pub use stream::TrajectoryStream;
 pub use tables::{ShardTables, TableStatus};
 
 mod data_plane;
@@ -657,6 +659,24 @@ impl ClusterClient {
         Ok(applied)
     }
 
+    /// The shard for each of `n` trajectories written round-robin: the
+    /// next live shard in turn (every shard when none is known live).
+    fn round_robin(&self, n: usize) -> Vec<usize> {
+        let live: Vec<usize> = {
+            let st = self.state.lock();
+            (0..self.shards.len()).filter(|&s| !st[s].lost).collect()
+        };
+        let live = if live.is_empty() { (0..self.shards.len()).collect() } else { live };
+        let mut next = self.next_writer.lock();
+        (0..n)
+            .map(|_| {
+                let s = live[*next % live.len()];
+                *next = next.wrapping_add(1);
+                s
+            })
+            .collect()
+    }
+
     /// Inserts whole trajectories, each sent in chunks of at most
     /// `chunk_steps` steps (0: one chunk each), into `target`. Returns the
     /// keys in the order of `trajectories`. A failure after some
@@ -674,15 +694,9 @@ impl ClusterClient {
             WriteTarget::Shard(s) if s < n => per_shard[s] = trajectories.into_iter().enumerate().collect(),
             WriteTarget::Shard(s) => return Err(Error::Config(format!("no shard {s}; the cluster has {n}"))),
             WriteTarget::RoundRobin => {
-                let live: Vec<usize> = {
-                    let st = self.state.lock();
-                    (0..n).filter(|&s| !st[s].lost).collect()
-                };
-                let live = if live.is_empty() { (0..n).collect() } else { live };
-                let mut next = self.next_writer.lock();
-                for (i, t) in trajectories.into_iter().enumerate() {
-                    per_shard[live[*next % live.len()]].push((i, t));
-                    *next = next.wrapping_add(1);
+                let shards = self.round_robin(trajectories.len());
+                for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
+                    per_shard[s].push((i, t));
                 }
             }
             WriteTarget::MostFree => {

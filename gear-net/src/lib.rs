@@ -13,6 +13,7 @@
 //! * [`client`]: [`ClusterClient`], which samples across shards with one
 //!   table's distribution, routes priority updates to the owning shard,
 //!   spreads writers, and leaves out (and reports) shards that fail;
+//! * [`cluster_file`]: the cluster file (TOML) trainers and actors read;
 //! * [`auth`]: the cluster token every call carries;
 //! * [`tls`]: TLS (and mutual TLS) when the configs name certificates;
 //! * [`rdma_settings`]: which RDMA device port the data plane opens.
@@ -30,6 +31,7 @@ pub mod alloc;
 pub mod auth;
 mod channel;
 pub mod client;
+pub mod cluster_file;
 pub mod codec;
 pub mod committed;
 pub mod connect;
@@ -51,7 +53,7 @@ pub mod proto {
 
 pub use client::{
     ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard, RemoteKey, RemoteTrajectory,
-    ShardTables, TableStatus, WriteTarget,
+    ShardTables, TableStatus, TrajectoryStream, WriteTarget,
 };
 pub use error::{Error, Result};
 pub use metrics::{MetricsConfig, MetricsServer};
