@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/not_regular.rs"]
+mod not_regular;
+use not_regular::{make_fifo, null_device};
+
 const ROLE: &str = "GEAR_CKPT_CHILD_ROLE";
 const ARG: &str = "GEAR_CKPT_CHILD_ARG";
 
@@ -412,32 +416,6 @@ fn names_in(dir: &Path) -> Vec<String> {
         std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     names
-}
-
-/// A character device to aim a checkpoint at: a node like `/dev/null`
-/// made in `dir` where this process may (as root), so that a regression
-/// replaces that copy, never the machine's `/dev/null`; `/dev/null`
-/// itself where the process may not replace it anyway; `None` (with the
-/// reason printed) for root without the right to make device nodes.
-fn null_device(dir: &Path) -> Option<PathBuf> {
-    let node = dir.join("null-device");
-    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the call.
-    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
-        return Some(node);
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some(PathBuf::from("/dev/null"));
-    }
-    eprintln!("skipping the device-node target: root without CAP_MKNOD (would risk the real /dev/null)");
-    None
-}
-
-fn make_fifo(path: &Path) {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the call.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
 }
 
 #[test]

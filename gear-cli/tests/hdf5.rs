@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+#[path = "../../gear-api/tests/common/not_regular.rs"]
+mod not_regular;
+use not_regular::null_device;
+
 fn gear(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_gear")).args(args).output().unwrap();
     let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
@@ -183,25 +187,6 @@ fn absurd_arguments_are_clear_errors() {
     }
     // Nothing was written by the refused imports.
     assert!(!ck.exists());
-}
-
-/// A node like `/dev/null` in `dir` where this process may make one (as
-/// root: a regression then replaces that copy, never the machine's
-/// `/dev/null`); `/dev/null` itself where the process may not replace it
-/// anyway; `None` for root without the right to make device nodes.
-fn null_device(dir: &Path) -> Option<PathBuf> {
-    let node = dir.join("null-device");
-    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the call.
-    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
-        return Some(node);
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some(PathBuf::from("/dev/null"));
-    }
-    eprintln!("skipping the device-node target: root without CAP_MKNOD");
-    None
 }
 
 /// `--checkpoint /dev/null` (a new user's way to say "don't keep it") and

@@ -11,6 +11,10 @@ use gear_hdf5::{Error, ImportOptions, Layout};
 use hdf5_pure::FileBuilder;
 use std::path::Path;
 
+#[path = "../../gear-api/tests/common/not_regular.rs"]
+mod not_regular;
+use not_regular::{make_fifo, null_device};
+
 /// A table of `spec` that already holds the test D4RL file (when the
 /// spec fits it), and what it held.
 fn loaded(dir: &TempDir, spec: TableSpec) -> (ReplayTable, Vec<u64>, u64) {
@@ -202,30 +206,6 @@ fn a_contiguous_file_cut_inside_its_data_changes_nothing() {
     assert_eq!(lengths(&table).iter().sum::<u64>(), n);
 }
 
-/// A node like `/dev/null` in `dir` (as root, so that a regression never
-/// replaces the machine's), or `/dev/null` itself where this process may
-/// not replace it anyway; `None` for root without the right to make one.
-fn null_device(dir: &TempDir) -> Option<std::path::PathBuf> {
-    let node = dir.join("null-device");
-    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the calls.
-    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
-        return Some(node);
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("/dev/null".into());
-    }
-    eprintln!("skipping the device-node target: root without CAP_MKNOD");
-    None
-}
-
-fn make_fifo(path: &Path) {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the call.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-}
-
 /// Sources that are not regular files are refused before they are read
 /// (a FIFO would block the import, a device feed it without end);
 /// export targets that are not regular files are refused before the
@@ -248,7 +228,7 @@ fn sources_and_targets_that_are_not_regular_files() {
     refused(&t, &dir.0, &ImportOptions::default(), &["is a directory"]);
 
     let export = |path: &Path| gear_hdf5::export(&t.0, path, &ExportOptions::default()).unwrap_err().to_string();
-    if let Some(null) = null_device(&dir) {
+    if let Some(null) = null_device(&dir.0) {
         let msg = export(&null);
         assert!(msg.contains("is a character device, not a regular file"), "{msg}");
         assert!(std::fs::symlink_metadata(&null).unwrap().file_type().is_char_device());

@@ -153,56 +153,17 @@ def test_bad_files_raise_and_change_nothing(tmp_path):
     assert after == before
 
 
-def null_device(tmp_path):
-    """A character device to aim an export at: a node like /dev/null made
-    in tmp_path where this process may (root), so that a regression
-    replaces that copy, never the machine's /dev/null; /dev/null itself
-    where the process may not replace it anyway; None otherwise."""
-    import os
-    import stat
-
-    node = tmp_path / "null-device"
-    try:
-        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        return node
-    except (PermissionError, OSError):
-        return None if os.geteuid() == 0 else "/dev/null"
-
-
-def test_export_targets_that_are_not_regular_files_are_refused(tmp_path):
-    import os
-    import socket
-    import stat
-
+def test_export_targets_that_are_not_regular_files_are_refused(tmp_path, not_regular_targets):
+    targets, kept = not_regular_targets
     arrays = d4rl_arrays()
     src = tmp_path / "d4rl.hdf5"
     write_d4rl(src, arrays)
     table = table_for(arrays, max_len=100, capacity=10)
     gear.import_hdf5(table, str(src))
-    fifo = tmp_path / "a-fifo"
-    os.mkfifo(fifo)
-    directory = tmp_path / "a-directory"
-    directory.mkdir()
-    sock_path = tmp_path / "a-socket"
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(sock_path))
-    kept = tmp_path / "kept.hdf5"
-    kept.write_bytes(b"not mine")
-    link = tmp_path / "link.hdf5"
-    link.symlink_to(kept)
-    targets = [(fifo, "is a FIFO"), (directory, "is a directory"), (sock_path, "is a socket"),
-               (link, "is a symbolic link")]
-    null = null_device(tmp_path)
-    if null is not None:
-        targets.append((null, "is a character device, not a regular file"))
     for target, words in targets:
         with pytest.raises(gear.GearError, match=words):
             gear.export_hdf5(table, str(target))
-    sock.close()
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and directory.is_dir() and link.is_symlink()
     assert kept.read_bytes() == b"not mine"
-    if null is not None:
-        assert stat.S_ISCHR(os.lstat(null).st_mode)
     # Nothing left behind; a regular file (or a new path) is written.
     assert not [p for p in tmp_path.iterdir() if ".tmp." in p.name]
     gear.export_hdf5(table, str(kept))
