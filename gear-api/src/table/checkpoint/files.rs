@@ -14,8 +14,10 @@
 //! # Temporary files of dead writers
 //! A temporary file is named `TARGET.tmp.PID.N` and its writer holds an
 //! exclusive open-file-description lock on it (`F_OFD_SETLK`, the lock
-//! gear-cpu's slot leases use) from just after creating it until it is
-//! renamed or removed. The kernel drops that lock when the writer closes
+//! gear-cpu's slot leases use) from before it has its name (made unnamed
+//! with `O_TMPFILE`, locked, then linked to its name; on file systems
+//! without `O_TMPFILE`, from just after creating it) until it is renamed
+//! or removed. The kernel drops that lock when the writer closes
 //! the file or dies, so a temporary file whose lock can be taken belongs
 //! to no live writer: [`ReplacingFile::remove_stale`] removes those, and
 //! only those, whatever their process ids say (a container's restarted
@@ -68,11 +70,29 @@ impl ReplacingFile {
     pub fn create(target: &Path) -> io::Result<ReplacingFile> {
         check_replaceable(target)?;
         let name = target.file_name().ok_or_else(|| refused("names no file"))?;
+        // Where the file system allows, the file is made unnamed, locked,
+        // and only then given its name, so no remover ever sees it
+        // unlocked; elsewhere it is created by name and locked just after.
+        let mut unnamed = locked_unnamed_file(directory_of(target));
         for _ in 0..CREATE_ATTEMPTS {
             let n = NEXT_TEMPORARY.fetch_add(1, Ordering::Relaxed);
             let mut temporary = name.to_owned();
             temporary.push(format!("{TEMPORARY_MARK}{}.{n}", std::process::id()));
             let temporary = target.with_file_name(temporary);
+            if let Some(file) = unnamed.take() {
+                match link_unnamed(&file, &temporary) {
+                    Ok(()) => {
+                        return Ok(ReplacingFile { file, temporary, target: target.to_owned(), committed: false })
+                    }
+                    // The name is in use: the next one, still unnamed.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        unnamed = Some(file);
+                        continue;
+                    }
+                    // No /proc to link through, or linking refused: by name.
+                    Err(_) => {}
+                }
+            }
             let file = match OpenOptions::new().read(true).write(true).create_new(true).open(&temporary) {
                 Ok(f) => f,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -264,6 +284,31 @@ fn remove_if_stale(path: &Path) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// An unnamed regular file in `dir` (`O_TMPFILE`), already locked, or
+/// `None` where the file system or kernel cannot make one.
+fn locked_unnamed_file(dir: &Path) -> Option<File> {
+    let file = OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(dir).ok()?;
+    // Nobody else can open it yet: the lock is free.
+    try_lock(&file).ok()?.then_some(file)
+}
+
+/// Gives the unnamed `file` the name `path` (failing with `AlreadyExists`
+/// where the name is taken), through its `/proc/self/fd` link, which
+/// unlike `AT_EMPTY_PATH` needs no privilege.
+fn link_unnamed(file: &File, path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(io::Error::other)?;
+    let to = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: both are valid NUL-terminated paths for the call, and the
+    // descriptor `from` names is open for its duration (`file` is borrowed).
+    let rc =
+        unsafe { libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Takes the exclusive lock on the whole of `file` if no other open file
