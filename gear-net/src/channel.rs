@@ -10,15 +10,23 @@
 //! can advertise 16 MiB frames; over TLS it keeps tonic's channel.
 //!
 //! Either way a [`ShardChannel`] behaves like tonic's: connections open on
-//! first use and reopen after a failure (a restarted shard rejoins), every
-//! call has a deadline, and failures become statuses with the codes the
-//! client acts on (`Unavailable` for a shard that cannot be reached,
-//! `DeadlineExceeded` for a call that ran out of time).
+//! first use and reopen after a failure (a restarted shard rejoins), and
+//! failures become statuses with the codes the client acts on
+//! (`Unavailable` for a shard that cannot be reached or a connection that
+//! broke). Every connection sends HTTP/2 keepalive pings, idle or not, and
+//! closes when one goes unanswered for the ping timeout, so a connection to
+//! a frozen or partitioned shard does not outlive its silence; the calls on
+//! it then fail with `Unavailable`, and the next call connects anew.
+//!
+//! Deadlines are the client's: it puts each whole call (request, response
+//! headers, body and trailers) under one (`client::cluster`), since a
+//! deadline here could cover only the response headers, which a shard
+//! sends before it draws the batch.
 
 use crate::error::{Error, Result};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -44,9 +52,12 @@ pub(crate) struct ShardChannel {
 }
 
 #[derive(Clone, Debug)]
+// hyper's client is a few `Arc`s: cloning it per call (every call clones
+// its channel) must not allocate, so it is not boxed.
+#[allow(clippy::large_enum_variant)]
 enum Inner {
     /// Plain TCP through hyper's client, with large frames.
-    Plain { client: Box<Client<HttpConnector, BoxBody>>, authority: Authority, timeout: Duration },
+    Plain { client: Client<HttpConnector, BoxBody>, authority: Authority },
     /// TLS through tonic's channel.
     Tonic(Channel),
 }
@@ -56,8 +67,10 @@ enum Inner {
 pub(crate) struct ChannelSettings {
     /// Deadline of a connection attempt.
     pub connect_timeout: Duration,
-    /// Deadline of each call.
-    pub call_timeout: Duration,
+    /// How often a connection pings its shard (HTTP/2 PING), idle or not.
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
 }
 
 impl ShardChannel {
@@ -67,7 +80,9 @@ impl ShardChannel {
         if tls.is_some() {
             let channel = crate::tls::endpoint(addr, tls)?
                 .connect_timeout(settings.connect_timeout)
-                .timeout(settings.call_timeout)
+                .http2_keep_alive_interval(settings.keepalive_interval)
+                .keep_alive_timeout(settings.keepalive_timeout)
+                .keep_alive_while_idle(true)
                 .tcp_nodelay(true)
                 .initial_stream_window_size(Some(STREAM_WINDOW_BYTES))
                 .initial_connection_window_size(Some(CONNECTION_WINDOW_BYTES))
@@ -80,12 +95,16 @@ impl ShardChannel {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(settings.connect_timeout));
         let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
             .http2_only(true)
             .http2_max_frame_size(MAX_FRAME_BYTES)
             .http2_initial_stream_window_size(STREAM_WINDOW_BYTES)
             .http2_initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .http2_keep_alive_interval(settings.keepalive_interval)
+            .http2_keep_alive_timeout(settings.keepalive_timeout)
+            .http2_keep_alive_while_idle(true)
             .build(connector);
-        Ok(ShardChannel { inner: Inner::Plain { client: Box::new(client), authority, timeout: settings.call_timeout } })
+        Ok(ShardChannel { inner: Inner::Plain { client, authority } })
     }
 }
 
@@ -127,7 +146,7 @@ impl Service<Request<BoxBody>> for ShardChannel {
 
     fn call(&mut self, mut request: Request<BoxBody>) -> Self::Future {
         match &mut self.inner {
-            Inner::Plain { client, authority, timeout } => {
+            Inner::Plain { client, authority } => {
                 let path = request.uri().path_and_query().cloned();
                 let uri = Uri::builder().scheme(Scheme::HTTP).authority(authority.clone());
                 let uri = match path {
@@ -142,12 +161,10 @@ impl Service<Request<BoxBody>> for ShardChannel {
                     }
                 }
                 let call = client.request(request);
-                let timeout = *timeout;
                 Box::pin(async move {
-                    match tokio::time::timeout(timeout, call).await {
-                        Err(_) => Err(Status::deadline_exceeded(format!("no answer within {timeout:?}"))),
-                        Ok(Err(e)) => Err(hyper_status(&e)),
-                        Ok(Ok(response)) => Ok(response.map(tonic::body::boxed)),
+                    match call.await {
+                        Err(e) => Err(hyper_status(&e)),
+                        Ok(response) => Ok(response.map(tonic::body::boxed)),
                     }
                 })
             }
@@ -156,5 +173,16 @@ impl Service<Request<BoxBody>> for ShardChannel {
                 Box::pin(async move { call.await.map_err(|e| Status::from_error(Box::new(e))) })
             }
         }
+    }
+}
+
+impl ShardChannel {
+    /// Sends `request` (waiting until the channel is ready, as tower
+    /// services require) and returns the response once its headers came;
+    /// its body is read by the caller.
+    pub(crate) async fn send(&self, request: Request<BoxBody>) -> std::result::Result<Response<BoxBody>, Status> {
+        let mut channel = self.clone();
+        std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
+        channel.call(request).await
     }
 }

@@ -7,16 +7,19 @@
 //!   spec and region, sampling (the shard draws with its strategy, gathers
 //!   the windows and re-checks each slot's generation, redrawing torn rows),
 //!   priority updates, streamed remote inserts, info, health;
-//! * [`client`]: [`ClusterClient`], which samples across shards with one
-//!   table's distribution, routes priority updates to the owning shard,
-//!   spreads writers, and leaves out (and reports) shards that fail;
+//! * [`client`]: [`AsyncClusterClient`] (and [`ClusterClient`], a blocking
+//!   wrapper over it), which samples across shards with one table's
+//!   distribution (into the caller's buffers if asked), routes priority
+//!   updates to the owning shard, spreads writers, and leaves out (and
+//!   reports) shards that fail;
 //! * [`auth`]: the cluster token every call carries;
 //! * [`tls`]: TLS (and mutual TLS) when the configs name certificates;
 //! * [`rdma_settings`]: which RDMA device port the data plane opens.
 //!
-//! Contract: nothing received from the network can panic a server; every
-//! field is checked before use ([`convert`]), every client call has a
-//! deadline.
+//! Contract: nothing received from the network can panic a server or a
+//! client; every field is checked before use ([`convert`], the client's
+//! reply decoder), every client call has a deadline that covers the last
+//! byte of its reply.
 
 #![warn(missing_docs)]
 // tonic fixes the error type of every handler as `Status` (176 bytes); the
@@ -46,8 +49,8 @@ pub mod proto {
 }
 
 pub use client::{
-    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard, RemoteKey, RemoteTrajectory,
-    WriteTarget,
+    AsyncClusterClient, BatchRows, ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard,
+    PriorityUpdates, RemoteKey, RemoteTrajectory, ShardInfo, ShardSpec, WriteTarget,
 };
 pub use error::{Error, Result};
 pub use rdma_settings::RdmaSettings;

@@ -118,7 +118,7 @@ fn auto_selection_samples_without_rdma() {
     // No RDMA device here: Auto gathers on the shards over TCP.
     assert_eq!(cluster.data_plane_kind(), None);
     let small = ClusterSample { rows: 16, window, columns: vec![] };
-    assert_eq!(cluster.data_plane_for(&small), None, "without RDMA the shards gather");
+    assert_eq!(cluster.data_plane_for(&small).unwrap(), None, "without RDMA the shards gather");
     // ByteRange asks for RDMA and falls back to TCP byte ranges.
     let ranged = client(&servers, DataPlane::ByteRange);
     check_rows(&ranged.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap(), window, 16);

@@ -161,7 +161,7 @@ fn auto_reads_every_row_over_in_process_rdma() {
         let servers = serve(&fabric, &tables, &[true, true, true]);
         let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let first = ClusterSample { rows: 64, window: WindowSpec::last(4), columns: vec![] };
-        assert_eq!(cluster.data_plane_for(&first), Some(TransportKind::Rdma));
+        assert_eq!(cluster.data_plane_for(&first).unwrap(), Some(TransportKind::Rdma));
         for window in [WindowSpec::last(4), WindowSpec::first(3), WindowSpec { offset: 1, len: 5, pad: Pad::Tail }] {
             let batch = cluster.sample(&ClusterSample { rows: 64, window, columns: vec![] }).unwrap();
             assert!(batch.lost.is_empty(), "{:?}", batch.lost);
@@ -285,7 +285,7 @@ fn a_shard_without_rdma_is_gathered_not_lost() {
         let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let window = WindowSpec::last(4);
         let request = ClusterSample { rows: 48, window, columns: vec![] };
-        assert_eq!(cluster.data_plane_for(&request), Some(TransportKind::Rdma));
+        assert_eq!(cluster.data_plane_for(&request).unwrap(), Some(TransportKind::Rdma));
         let mut from_shard_1 = 0u64;
         let mut wasted = None;
         for round in 0..6 {
