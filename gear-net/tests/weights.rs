@@ -10,7 +10,7 @@
 //! whose priority was lowered below the cached smallest one came back with
 //! a weight of 2 or 50.
 
-use gear_api::{ReplayTable, StepValue};
+use gear_api::ReplayTable;
 use gear_core::{ColumnSpec, DType, RandomSource, TableSpec, WindowSpec, Xoshiro256};
 use gear_net::{
     ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, RemoteKey, RemoteTrajectory, ServerConfig,

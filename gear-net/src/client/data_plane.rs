@@ -108,7 +108,23 @@ impl DataPlaneState {
     /// A state whose byte-range transport will be `supplied` (else made
     /// from the config on first use).
     pub(crate) fn with_supplied(supplied: Option<Box<dyn Transport>>) -> Self {
-        DataPlaneState { supplied, ..DataPlaneState::default() }
+        let mut state = DataPlaneState::default();
+        state.supplied = supplied;
+        state
+    }
+}
+
+impl Drop for DataPlaneState {
+    fn drop(&mut self) {
+        // A transport may own a tokio runtime (gear-tcp's does), which
+        // panics if dropped where blocking is not allowed; an async client
+        // may be dropped anywhere, so the transport goes on a thread of
+        // its own there.
+        let parts =
+            (self.transport.take(), self.supplied.take(), self.buffer.take(), std::mem::take(&mut self.connections));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::Builder::new().name("gear-data-plane-drop".into()).spawn(move || drop(parts));
+        }
     }
 }
 

@@ -113,24 +113,35 @@ fn from_client(mut client: TcpStream, mut shard: TcpStream, s: &Shared) {
 
 fn from_shard(mut shard: TcpStream, mut client: TcpStream, s: &Shared) {
     let mut buf = vec![0u8; 64 << 10];
+    // Read from the shard, not yet forwarded: bytes pass only while the
+    // budget at the moment they would be sent allows.
+    let mut pending: Vec<u8> = Vec::new();
     let _ = shard.set_read_timeout(Some(Duration::from_millis(50)));
     while !s.stop.load(Ordering::Relaxed) {
-        let budget = s.budget.load(Ordering::SeqCst);
-        if budget == 0 {
-            // Held: nothing more is read from the shard.
+        if !pending.is_empty() {
+            let budget = s.budget.load(Ordering::SeqCst);
+            let n = pending.len().min(usize::try_from(budget).unwrap_or(usize::MAX));
+            if n == 0 {
+                // Held.
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            let spend = |b: u64| Some(if b == u64::MAX { b } else { b.saturating_sub(n as u64) });
+            let _ = s.budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, spend);
+            if client.write_all(&pending[..n]).is_err() {
+                break;
+            }
+            pending.drain(..n);
+            continue;
+        }
+        if s.budget.load(Ordering::SeqCst) == 0 {
+            // Held: nothing more is read from the shard either.
             std::thread::sleep(Duration::from_millis(5));
             continue;
         }
-        let want = buf.len().min(usize::try_from(budget).unwrap_or(usize::MAX));
-        match shard.read(&mut buf[..want]) {
+        match shard.read(&mut buf) {
             Ok(0) => break,
-            Ok(n) => {
-                let spend = |b: u64| Some(if b == u64::MAX { b } else { b.saturating_sub(n as u64) });
-                let _ = s.budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, spend);
-                if client.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Err(_) => break,
         }
