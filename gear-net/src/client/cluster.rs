@@ -19,7 +19,7 @@
 //! shard that stops mid-reply is cut off while there is still time to draw
 //! its rows from the others; it is named in the batch's `lost`.
 
-use super::assemble::{self, Assembly, Block, ColumnBase};
+use super::assemble::{Assembly, Block, ColumnBase};
 use super::data_plane::DataPlaneState;
 use super::masses::ShardMasses;
 use super::spread::FreeSpace;
@@ -86,6 +86,8 @@ struct SampleScratch {
     counts: Vec<u64>,
     /// The blocks of a round that ended, and whether each came whole.
     settled: Vec<(usize, bool)>,
+    /// The shards' masses the split is made by.
+    masses: ShardMasses,
 }
 
 /// The state every clone of an [`AsyncClusterClient`] shares.
@@ -103,7 +105,7 @@ pub(crate) struct ClientCore {
     /// shard rejoins).
     beta: Mutex<Option<f64>>,
     /// The table spec, asked once (every shard of a table has the same).
-    spec: Mutex<Option<TableSpec>>,
+    spec: Mutex<Option<Arc<TableSpec>>>,
     /// The byte-range data plane; an async lock, because a blocking task
     /// holds it while reads land in its buffer.
     pub(crate) data_plane: Arc<tokio::sync::Mutex<DataPlaneState>>,
@@ -408,8 +410,9 @@ impl AsyncClusterClient {
     pub async fn column_bytes(&self, request: &ClusterSample) -> Result<Vec<usize>> {
         let deadline = Instant::now() + self.core.config.call_timeout;
         let spec = self.core.cached_spec(deadline).await?;
-        let rows = self.core.check_request(&spec, request)?;
-        Ok(rows.into_iter().map(|rb| rb * request.rows as usize).collect())
+        let mut row_bytes = Vec::new();
+        self.core.check_request(&spec, request, &mut row_bytes)?;
+        Ok(row_bytes.into_iter().map(|rb| rb * request.rows as usize).collect())
     }
 
     /// Draws one batch across every live shard with one table's
@@ -638,20 +641,25 @@ impl ClientCore {
         Err(last.unwrap_or_else(|| Error::NoShard("no shard".into())))
     }
 
-    /// The table spec, asked once.
-    pub(crate) async fn cached_spec(&self, deadline: Instant) -> Result<TableSpec> {
+    /// The table spec, asked once (shared, so that a batch copies none of it).
+    pub(crate) async fn cached_spec(&self, deadline: Instant) -> Result<Arc<TableSpec>> {
         if let Some(spec) = self.spec.lock().clone() {
             return Ok(spec);
         }
-        let spec = self.spec_of_any(deadline).await?.table;
+        let spec = Arc::new(self.spec_of_any(deadline).await?.table);
         *self.spec.lock() = Some(spec.clone());
         Ok(spec)
     }
 
-    /// The bytes per row of each column `request` asks for; refused,
-    /// naming what was wrong, when the table cannot serve it or its reply
-    /// would not fit a message.
-    pub(crate) fn check_request(&self, spec: &TableSpec, request: &ClusterSample) -> Result<Vec<usize>> {
+    /// The bytes per row of each column `request` asks for, into
+    /// `row_bytes`; refused, naming what was wrong, when the table cannot
+    /// serve it or its reply would not fit a message.
+    pub(crate) fn check_request(
+        &self,
+        spec: &TableSpec,
+        request: &ClusterSample,
+        row_bytes: &mut Vec<usize>,
+    ) -> Result<()> {
         if request.rows == 0 || request.rows > crate::convert::MAX_SAMPLE_ROWS {
             return Err(Error::Config(format!(
                 "a batch of {} rows; between 1 and {} may be asked for",
@@ -660,11 +668,20 @@ impl ClientCore {
             )));
         }
         request.window.validate(spec.max_len())?;
-        for name in &request.columns {
-            spec.column_index(name)?;
+        row_bytes.clear();
+        let mut add = |c: usize| -> Result<()> {
+            let step = spec.columns()[c].step_bytes()?;
+            let bytes = step.checked_mul(request.window.len).and_then(|b| usize::try_from(b).ok());
+            row_bytes.push(bytes.ok_or_else(|| Error::Config(format!("column {c}: a window's bytes overflow")))?);
+            Ok(())
+        };
+        if request.columns.is_empty() {
+            (0..spec.columns().len()).try_for_each(&mut add)?;
+        } else {
+            for name in &request.columns {
+                add(spec.column_index(name)?)?;
+            }
         }
-        let row_bytes = assemble::row_bytes(spec, request)
-            .ok_or_else(|| Error::Config("the request's rows do not fit this machine's memory".into()))?;
         let total = row_bytes
             .iter()
             .try_fold(0u64, |sum, &rb| (rb as u64).checked_mul(request.rows)?.checked_add(sum))
@@ -675,7 +692,7 @@ impl ClientCore {
                 request.rows, row_bytes, self.config.max_message_bytes
             )));
         }
-        Ok(row_bytes)
+        Ok(())
     }
 
     /// The importance exponent every shard's strategy uses (0 unless prioritized).
@@ -739,9 +756,14 @@ impl ClientCore {
         deadline: Instant,
     ) -> Result<()> {
         let spec = self.cached_spec(deadline).await?;
-        let row_bytes = self.check_request(&spec, request)?;
-        let ShardMasses { mut masses, mins, deterministic } =
-            self.shard_masses(&mut out.lost, &mut out.rejoined, share_of(deadline, 1, 4)).await?;
+        let mut guard = self.take_scratch();
+        let scratch = guard.scratch.as_mut().ok_or_else(|| Error::Config("no scratch".into()))?;
+        self.check_request(&spec, request, &mut scratch.row_bytes)?;
+        let info_deadline = share_of(deadline, 1, 4);
+        self.shard_masses(&mut scratch.masses, &mut out.lost, &mut out.rejoined, info_deadline).await?;
+        let SampleScratch { row_bytes, bases, blocks, asks, metas, counts, settled, masses } = scratch;
+        let ShardMasses { masses, mins, deterministic } = masses;
+        let deterministic = *deterministic;
         let stocked = masses.iter().filter(|&&m| m > 0.0).count() + deterministic;
         if deterministic > 0 && stocked > 1 {
             return Err(Error::Unsupported(
@@ -758,11 +780,6 @@ impl ClientCore {
         // A deterministic strategy's own order and weights: the whole batch
         // from its shard.
         let beta = if one_shard.is_some() { 0.0 } else { self.beta(deadline).await? };
-        let mut guard = self.take_scratch();
-        let scratch = guard.scratch.as_mut().ok_or_else(|| Error::Config("no scratch".into()))?;
-        scratch.row_bytes.clear();
-        scratch.row_bytes.extend_from_slice(&row_bytes);
-        let SampleScratch { row_bytes, bases, blocks, asks, metas, counts, settled } = scratch;
         let rows = request.rows as usize;
         let mut assembly = Assembly::new(columns, row_bytes, rows, bases, blocks).map_err(Error::Config)?;
         asks.clear();
@@ -772,6 +789,7 @@ impl ClientCore {
         if let Some(s) = one_shard {
             masses[s] = 1.0;
         }
+        let masses: &mut Vec<f64> = masses;
         // A shard failing mid-draw gives its rows to the others.
         for _round in 0..self.shards.len() {
             let total: f64 = masses.iter().sum();
@@ -787,7 +805,7 @@ impl ClientCore {
                     counts.resize(masses.len(), 0);
                     counts[s] = remaining;
                 }
-                None => self.allocate(&masses, remaining, counts),
+                None => self.allocate(masses, remaining, counts),
             }
             let first_tag = asks.len();
             for (s, &n) in counts.iter().enumerate() {
@@ -859,7 +877,7 @@ impl ClientCore {
         }
         // The normaliser: every shard's smallest probability, from its
         // reply where it was drawn from, else from its last report.
-        for (s, (&mass, &min)) in masses.iter().zip(&mins).enumerate() {
+        for (s, (&mass, &min)) in masses.iter().zip(mins.iter()).enumerate() {
             if mass > 0.0 && !asks.iter().any(|a| a.shard == s) && first_total > 0.0 {
                 norm.smallest_probability(min / first_total);
             }

@@ -460,7 +460,8 @@ impl ClientCore {
             let now = Deadline::now();
             now + deadline.saturating_duration_since(now) / 4
         };
-        let m = rt.block_on(self.shard_masses(&mut lost, &mut rejoined, info_deadline))?;
+        let mut m = super::masses::ShardMasses::default();
+        rt.block_on(self.shard_masses(&mut m, &mut lost, &mut rejoined, info_deadline))?;
         if m.deterministic > 0 {
             return Err(Error::Unsupported(
                 "byte-range sampling needs a random strategy; use the shard-gather data plane".into(),

@@ -38,6 +38,7 @@ use crate::proto::InfoRequest;
 use std::time::Instant;
 
 /// Every shard's mass as the client splits a batch's rows by it.
+#[derive(Debug, Default)]
 pub(crate) struct ShardMasses {
     /// Total mass of each shard (0: lost, empty, or deterministic).
     pub masses: Vec<f64>,
@@ -66,8 +67,13 @@ impl KnownMass {
 }
 
 impl ShardMasses {
-    fn new(shards: usize) -> Self {
-        ShardMasses { masses: vec![0.0; shards], mins: vec![f64::INFINITY; shards], deterministic: 0 }
+    /// No shard counted yet (the vectors' capacity is kept).
+    fn reset(&mut self, shards: usize) {
+        self.masses.clear();
+        self.masses.resize(shards, 0.0);
+        self.mins.clear();
+        self.mins.resize(shards, f64::INFINITY);
+        self.deterministic = 0;
     }
 
     /// Counts shard `s` with `mass`.
@@ -99,21 +105,22 @@ impl ClientCore {
         futures_util::future::join_all(calls).await
     }
 
-    /// Every shard's selection mass (see the module doc), asking every
-    /// shard's `Info` by `deadline` if the view cannot be used. Shards
-    /// that fail or answer as another shard are left out and recorded in
-    /// `lost`, shards back from being lost in `rejoined`.
+    /// Every shard's selection mass (see the module doc) into `out`,
+    /// asking every shard's `Info` by `deadline` if the view cannot be
+    /// used. Shards that fail or answer as another shard are left out and
+    /// recorded in `lost`, shards back from being lost in `rejoined`.
     pub(crate) async fn shard_masses(
         &self,
+        out: &mut ShardMasses,
         lost: &mut Vec<LostShard>,
         rejoined: &mut Vec<usize>,
         deadline: tokio::time::Instant,
-    ) -> Result<ShardMasses> {
-        if let Some(known) = self.known_masses() {
-            return Ok(known);
+    ) -> Result<()> {
+        if self.known_masses(out) {
+            return Ok(());
         }
         let infos = self.all_infos(deadline).await;
-        let mut out = ShardMasses::new(self.shards.len());
+        out.reset(self.shards.len());
         for (s, r) in infos.into_iter().enumerate() {
             match r {
                 Ok(info) => {
@@ -137,25 +144,26 @@ impl ClientCore {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// The masses the shards last reported, if every shard is live and
-    /// every report is recent enough.
-    fn known_masses(&self) -> Option<ShardMasses> {
+    /// The masses the shards last reported into `out`, if every shard is
+    /// live and every report is recent enough; else `false`.
+    fn known_masses(&self, out: &mut ShardMasses) -> bool {
         let refresh = self.config.mass_refresh;
         if refresh.is_zero() {
-            return None;
+            return false;
         }
         let state = self.state.lock();
-        let mut out = ShardMasses::new(state.len());
+        out.reset(state.len());
         for (s, shard) in state.iter().enumerate() {
-            let mass = shard.mass.filter(|m| !shard.lost && m.at.elapsed() < refresh)?;
-            out.add(s, &mass);
+            match shard.mass.filter(|m| !shard.lost && m.at.elapsed() < refresh) {
+                Some(mass) => out.add(s, &mass),
+                None => return false,
+            }
         }
         // Nothing to draw from: ask, rather than fail on old news.
-        let stocked = out.deterministic > 0 || out.masses.iter().any(|&m| m > 0.0);
-        stocked.then_some(out)
+        out.deterministic > 0 || out.masses.iter().any(|&m| m > 0.0)
     }
 
     /// Records what `shard` reported with a reply from `incarnation`; a
