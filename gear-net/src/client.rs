@@ -50,11 +50,13 @@ mod cluster;
 mod insert;
 mod masses;
 mod spread;
+mod tables;
 mod weights;
 mod wire;
 
 pub use cluster::AsyncClusterClient;
 pub use insert::TRAJECTORIES_PER_STREAM;
+pub use tables::{ShardTables, TableStatus};
 
 mod data_plane;
 pub use data_plane::{DataPlane, MAX_READ_ATTEMPTS};
@@ -87,6 +89,10 @@ impl RemoteKey {
 pub struct ClusterConfig {
     /// `host:port` of each shard server, index = shard id.
     pub shards: Vec<String>,
+    /// The table every call of this client uses, by its name on the
+    /// shards; empty: each shard's only table (refused, listing the
+    /// tables, by a shard that serves several).
+    pub table: String,
     /// The cluster token.
     pub token: String,
     /// Deadline of each call: everything one method does (every shard
@@ -133,6 +139,7 @@ impl ClusterConfig {
     pub fn new(addresses: Vec<String>, token: impl Into<String>) -> Self {
         ClusterConfig {
             shards: addresses,
+            table: String::new(),
             token: token.into(),
             call_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
@@ -275,7 +282,9 @@ pub struct PriorityUpdates {
 pub struct ShardInfo {
     /// The shard's id (its index in the cluster).
     pub shard: u32,
-    /// The shard server's run.
+    /// The table's name on the shard.
+    pub table: String,
+    /// The table's run on the shard server (what its keys carry).
     pub incarnation: u64,
     /// Items stored.
     pub size: u64,
@@ -302,6 +311,7 @@ impl ShardInfo {
     pub(crate) fn from_proto(r: &proto::InfoReply) -> Self {
         ShardInfo {
             shard: r.shard,
+            table: r.table.clone(),
             incarnation: r.incarnation,
             size: r.size,
             capacity: r.capacity,
@@ -321,7 +331,9 @@ impl ShardInfo {
 pub struct ShardSpec {
     /// The shard's id.
     pub shard: u32,
-    /// The shard server's run.
+    /// The table's name on the shard.
+    pub name: String,
+    /// The table's run on the shard server.
     pub incarnation: u64,
     /// The table's spec.
     pub table: TableSpec,
@@ -343,6 +355,7 @@ impl ShardSpec {
         let region = r.region.clone().unwrap_or_default();
         Ok(ShardSpec {
             shard: r.shard,
+            name: r.table.clone(),
             incarnation: r.incarnation,
             table: crate::convert::spec_from_proto(r)?,
             sampler: r.sampler.clone(),
@@ -459,6 +472,12 @@ impl ClusterClient {
     /// Counters of shard `shard`.
     pub fn info(&self, shard: usize) -> Result<ShardInfo> {
         self.block_on(self.inner.info(shard))
+    }
+
+    /// The tables shard `shard` serves, with their counters (see
+    /// [`AsyncClusterClient::tables`]).
+    pub fn tables(&self, shard: usize) -> Result<ShardTables> {
+        self.block_on(self.inner.tables(shard))
     }
 
     /// Bytes of each column buffer a batch of `request` fills (see

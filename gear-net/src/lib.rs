@@ -3,15 +3,18 @@
 //! GEAR-rs over the network, on gRPC (tonic/prost; the interface is
 //! `proto/gear.proto`):
 //!
-//! * [`server`]: a shard server hosting one [`gear_api::ReplayTable`] —
-//!   spec and region, sampling (the shard draws with its strategy, gathers
-//!   the windows and re-checks each slot's generation, redrawing torn rows),
-//!   priority updates, streamed remote inserts, info, health;
+//! * [`server`]: a shard server hosting one or several
+//!   [`gear_api::ReplayTable`]s, each under its name — spec and region,
+//!   sampling (the shard draws with the table's strategy, gathers the
+//!   windows and re-checks each slot's generation, redrawing torn rows),
+//!   priority updates, streamed remote inserts, info, health, the list of
+//!   tables;
+//! * [`metrics`]: the server's Prometheus metrics and their HTTP endpoint;
 //! * [`client`]: [`AsyncClusterClient`] (and [`ClusterClient`], a blocking
-//!   wrapper over it), which samples across shards with one table's
-//!   distribution (into the caller's buffers if asked), routes priority
-//!   updates to the owning shard, spreads writers, and leaves out (and
-//!   reports) shards that fail;
+//!   wrapper over it), which samples one table across shards with one
+//!   table's distribution (into the caller's buffers if asked), routes
+//!   priority updates to the owning shard, spreads writers, and leaves out
+//!   (and reports) shards that fail;
 //! * [`auth`]: the cluster token every call carries;
 //! * [`tls`]: TLS (and mutual TLS) when the configs name certificates;
 //! * [`rdma_settings`]: which RDMA device port the data plane opens.
@@ -35,6 +38,7 @@ pub mod committed;
 pub mod connect;
 pub mod convert;
 pub mod error;
+pub mod metrics;
 pub mod rdma_settings;
 pub mod server;
 pub mod tls;
@@ -50,9 +54,12 @@ pub mod proto {
 
 pub use client::{
     AsyncClusterClient, BatchRows, ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard,
-    PriorityUpdates, RemoteKey, RemoteTrajectory, ShardInfo, ShardSpec, WriteTarget,
+    PriorityUpdates, RemoteKey, RemoteTrajectory, ShardInfo, ShardSpec, ShardTables, TableStatus, WriteTarget,
 };
 pub use error::{Error, Result};
+pub use metrics::{MetricsConfig, MetricsServer};
 pub use rdma_settings::RdmaSettings;
-pub use server::{DataPlaneServer, ServerConfig, ServerHandle, ShardService, StrategyInfo};
+pub use server::{
+    DataPlaneServer, NamedTable, ServedTables, ServerConfig, ServerHandle, ShardService, StrategyInfo, DEFAULT_TABLE,
+};
 pub use tls::ClientTls;

@@ -236,9 +236,10 @@ fn share_of(deadline: Instant, numerator: u32, denominator: u32) -> Instant {
     now + deadline.saturating_duration_since(now) * numerator / denominator
 }
 
-/// The request for `rows` rows from a shard the client knows as
+/// The request for `rows` rows of `table` from a shard the client knows as
 /// `incarnation` (`None`: any run), answered before `deadline`.
 pub(crate) fn sample_request(
+    table: &str,
     request: &ClusterSample,
     rows: u64,
     deadline: Instant,
@@ -246,6 +247,7 @@ pub(crate) fn sample_request(
 ) -> SampleRequest {
     let window = deadline.saturating_duration_since(Instant::now());
     SampleRequest {
+        table: table.to_owned(),
         rows,
         window_offset: request.window.offset,
         window_len: request.window.len,
@@ -259,6 +261,7 @@ pub(crate) fn sample_request(
         timeout_ms: (window.as_millis() as u64).saturating_mul(3) / 4,
         ranges: false,
         incarnation: incarnation.unwrap_or(0),
+        data_plane_session: 0,
     }
 }
 
@@ -399,7 +402,8 @@ impl AsyncClusterClient {
     pub async fn info(&self, shard: usize) -> Result<ShardInfo> {
         let deadline = Instant::now() + self.core.config.call_timeout;
         let mut c = self.core.grpc(shard)?;
-        let reply = within(deadline, c.info(InfoRequest {})).await.map_err(|s| status(shard, s))?;
+        let request = InfoRequest { table: self.core.config.table.clone() };
+        let reply = within(deadline, c.info(request)).await.map_err(|s| status(shard, s))?;
         Ok(ShardInfo::from_proto(&reply))
     }
 
@@ -483,7 +487,8 @@ impl AsyncClusterClient {
     pub async fn sample_shard(&self, shard: usize, request: &ClusterSample) -> Result<ClusterBatch> {
         let deadline = Instant::now() + self.core.config.call_timeout;
         let mut c = self.core.grpc(shard)?;
-        let req = sample_request(request, request.rows, deadline, self.core.incarnation_of(shard));
+        let table = &self.core.config.table;
+        let req = sample_request(table, request, request.rows, deadline, self.core.incarnation_of(shard));
         let reply = match within(deadline, c.sample(req)).await {
             Ok(r) => r,
             Err(e) => {
@@ -526,7 +531,8 @@ impl AsyncClusterClient {
         let calls = per_shard.into_iter().enumerate().filter(|(_, l)| !l.is_empty()).map(|(s, list)| {
             let mut c = self.core.shards[s].grpc.clone();
             let sent = list.len() as u64;
-            async move { (s, sent, within(deadline, c.update_priorities(UpdateRequest { updates: list })).await) }
+            let request = UpdateRequest { updates: list, table: self.core.config.table.clone() };
+            async move { (s, sent, within(deadline, c.update_priorities(request)).await) }
         });
         let mut total = PriorityUpdates::default();
         for (s, sent, reply) in futures_util::future::join_all(calls).await {
@@ -625,7 +631,8 @@ impl ClientCore {
     /// The spec of shard `shard`, asked now.
     pub(crate) async fn spec_of(&self, shard: usize, deadline: Instant) -> Result<ShardSpec> {
         let mut c = self.grpc(shard)?;
-        let reply = within(deadline, c.get_spec(SpecRequest {})).await.map_err(|s| status(shard, s))?;
+        let request = SpecRequest { table: self.config.table.clone() };
+        let reply = within(deadline, c.get_spec(request)).await.map_err(|s| status(shard, s))?;
         ShardSpec::from_proto(&reply)
     }
 
@@ -824,7 +831,8 @@ impl ClientCore {
             let mut calls = FuturesUnordered::new();
             for ((tag, rows_mut), meta) in assembly.targets().zip(metas[first_tag..].iter_mut()) {
                 let ask = asks[tag];
-                let req = sample_request(request, ask.rows, round_deadline, self.incarnation_of(ask.shard));
+                let table = &self.config.table;
+                let req = sample_request(table, request, ask.rows, round_deadline, self.incarnation_of(ask.shard));
                 let decoder = ReplyDecoder::new(rows_mut, meta, self.config.max_message_bytes);
                 let channel = &self.shards[ask.shard].channel;
                 let token = &self.token;

@@ -5,7 +5,7 @@
 //! run, else TCP from gear-tcp).
 //!
 //! Per batch: `Info` from every shard and the row allocation exactly as the
-//! shard-gather path does ([`ClusterClient::sample`]); a ranged `Sample` to
+//! shard-gather path does ([`AsyncClusterClient::sample`]); a ranged `Sample` to
 //! every shard at once; reads posted to every shard before waiting on any;
 //! then a second post of the 8-byte generation word of every row, after
 //! the window bytes landed (the seqlock rule: bytes first, then the
@@ -15,17 +15,24 @@
 //! reads fail is left out and reported, its rows drawn from the others;
 //! its connection is ended and made again on its next batch.
 //!
-//! A shard that does not serve the client's transport (it answers
-//! `Connect` with `failed_precondition`, e.g. "this shard does not serve
-//! rdma") is not lost: its rows are drawn by the shard-gather `Sample` and
-//! merged into the batch with the same global probabilities and weights.
-//! The client remembers that shard as gather-only for its incarnation, so
-//! it asks to connect again only after the shard restarted; the one ranged
-//! draw made before the refusal is discarded.
+//! A shard the client cannot connect to is not lost: its rows are drawn by
+//! the shard-gather `Sample` and merged into the batch with the same
+//! global probabilities and weights; the one ranged draw made before the
+//! failure is discarded and the half-made connection aborted (its queue
+//! pairs freed). A shard that does not serve the client's transport (it
+//! answers `failed_precondition`, e.g. "this shard does not serve rdma")
+//! is remembered as gather-only for its incarnation, so the client asks
+//! again only after it restarted; any other failure (the shard has no room
+//! for more queue pairs: `resource_exhausted`; a device error:
+//! `unavailable`; a descriptor this side refuses) makes that shard
+//! gather-only for [`RETRY_AFTER`].
 //!
 //! The batch buffers (every column of every row, then the generation
 //! words) are registered with the transport once and reused; the finished
-//! batch is copied out of them into the caller's buffers.
+//! batch is copied out of them into the caller's buffers. A batch whose
+//! buffer cannot be registered (a low `RLIMIT_MEMLOCK` refuses the
+//! pinning) is gathered by the shards instead, and the registration is
+//! tried again after [`RETRY_AFTER`].
 //!
 //! The transport's calls block (waits on reads), so a byte-range batch is
 //! drawn and read on one of tokio's blocking threads, which holds the data
@@ -61,6 +68,11 @@ pub const MAX_RANGE_BATCH_BYTES: u64 = 4 << 30;
 
 /// Draws of a torn row before a batch gives up.
 pub const MAX_READ_ATTEMPTS: usize = 8;
+
+/// How long a shard that failed to connect, or a batch size whose buffer
+/// failed to register, is gathered by the shards before the byte-range
+/// path is tried again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// How [`AsyncClusterClient::sample`] moves the window bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -102,6 +114,14 @@ pub(crate) struct DataPlaneState {
     /// Per shard, the incarnation that refused to connect over the
     /// transport: its rows are gathered until it restarts.
     gather_only: Vec<Option<u64>>,
+    /// Per shard, until when its rows are gathered after a failed connect.
+    connect_backoff: Vec<Option<Instant>>,
+    /// A batch buffer of at least this many bytes failed to register:
+    /// such batches are gathered until the instant given.
+    register_backoff: Option<(u64, Instant)>,
+    /// The transport's session (from its endpoints), sent with ranged
+    /// draws so the shards keep this client's connections alive.
+    session: u64,
 }
 
 impl DataPlaneState {
@@ -284,7 +304,21 @@ impl AsyncClusterClient {
         }
         // A request the table cannot serve goes the gather way, which
         // refuses it naming what was wrong (and sizes no buffer here).
-        Ok(self.core.batch_bytes(request, deadline).await.map(|_| st))
+        let Some(bytes) = self.core.batch_bytes(request, deadline).await else { return Ok(None) };
+        // The batch buffer must be registered (pinned) first; where that
+        // fails, the shards gather. Registering may block.
+        let bytes = bytes + 8 * request.rows;
+        if st.buffer.as_ref().is_some_and(|(_, b)| b.len() >= bytes) {
+            return Ok(Some(st));
+        }
+        let core = self.core.clone();
+        let (st, registered) = tokio::task::spawn_blocking(move || {
+            let registered = core.register_batch_buffer(&mut st, bytes);
+            (st, registered)
+        })
+        .await
+        .map_err(worker_failed)?;
+        Ok(registered.then_some(st))
     }
 
     /// How `sample(request)` moves the windows: `Some(kind)` when by byte
@@ -317,7 +351,28 @@ impl ClientCore {
         };
         st.connections = (0..self.shards.len()).map(|_| None).collect();
         st.gather_only = vec![None; self.shards.len()];
+        st.connect_backoff = vec![None; self.shards.len()];
         *self.transport_kind.lock() = st.transport.as_ref().map(|t| t.kind());
+    }
+
+    /// Registers a batch buffer of at least `bytes` unless a registration
+    /// of as much failed less than [`RETRY_AFTER`] ago; whether it is
+    /// there (else the shards gather such batches).
+    fn register_batch_buffer(&self, st: &mut DataPlaneState, bytes: u64) -> bool {
+        if st.register_backoff.is_some_and(|(failed, until)| bytes >= failed && Instant::now() < until) {
+            return false;
+        }
+        match self.ensure_buffer(st, bytes) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "gear-net: a batch buffer of {bytes} bytes cannot be registered with the data plane ({e}); the \
+                     shards gather such batches for {RETRY_AFTER:?}"
+                );
+                st.register_backoff = Some((bytes, Instant::now() + RETRY_AFTER));
+                false
+            }
+        }
     }
 
     /// Bytes of one batch of `request`; `None` if the spec cannot be had or
@@ -377,25 +432,40 @@ impl ClientCore {
             let _ = transport.disconnect(&old.handle);
         }
         let pending = transport.prepare_connection(shard as u32)?;
-        let mut c = self.shards[shard].grpc.clone();
-        let reply = rt
-            .block_on(within(deadline, c.connect_data_plane(request_from_endpoint(&pending.endpoint))))
-            .map_err(|s| status(shard, s))?;
-        let mut remote = remote_from_reply(&reply).map_err(|what| Error::Malformed { shard, what })?;
-        if let RemoteAccess::Tcp { peer, .. } = &mut remote.access {
-            // The data service shares the shard's gRPC port: dial the
-            // address this client reaches the shard at, not the one the
-            // shard listens on (0.0.0.0, a private name).
-            peer.address = self.config.shards[shard].clone();
-        }
+        let session = pending.endpoint.session();
+        let answer = (|| {
+            let mut c = self.shards[shard].grpc.clone();
+            let mut request = request_from_endpoint(&pending.endpoint);
+            request.table = self.config.table.clone();
+            let reply = rt.block_on(within(deadline, c.connect_data_plane(request))).map_err(|s| status(shard, s))?;
+            let mut remote = remote_from_reply(&reply).map_err(|what| Error::Malformed { shard, what })?;
+            if let RemoteAccess::Tcp { peer, .. } = &mut remote.access {
+                // The data service shares the shard's gRPC port: dial the
+                // address this client reaches the shard at, not the one the
+                // shard listens on (0.0.0.0, a private name).
+                peer.address = self.config.shards[shard].clone();
+            }
+            Ok::<_, Error>((reply.incarnation, remote))
+        })();
+        let (incarnation, remote) = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                // No answer to connect with: free what was prepared.
+                let _ = transport.abort(pending);
+                return Err(e);
+            }
+        };
         let handle = transport.connect(pending, &remote)?;
-        st.connections[shard] = Some(Connection { incarnation: reply.incarnation, handle });
+        st.connections[shard] = Some(Connection { incarnation, handle });
+        st.session = session;
         Ok(())
     }
 
     /// Draws of `counts[s]` rows from each shard `s`, at once: ranged
     /// (`ranges`: the shards reply with where the windows are) or gathered
     /// (the shards reply with the windows' bytes).
+    /// `session` is the transport's (0 before the first connection), sent
+    /// with ranged draws.
     #[allow(clippy::too_many_arguments)]
     fn draw(
         &self,
@@ -403,6 +473,7 @@ impl ClientCore {
         request: &ClusterSample,
         counts: &[(usize, u64)],
         ranges: bool,
+        session: u64,
         deadline: Deadline,
     ) -> Vec<(usize, u64, std::result::Result<SampleReply, Error>)> {
         if counts.is_empty() {
@@ -414,8 +485,9 @@ impl ClientCore {
         rt.block_on(async {
             let calls = counts.iter().map(|&(s, n)| {
                 let mut c = self.shards[s].grpc.clone();
-                let mut req = sample_request(request, n, round, self.incarnation_of(s));
+                let mut req = sample_request(&self.config.table, request, n, round, self.incarnation_of(s));
                 req.ranges = ranges;
+                req.data_plane_session = if ranges { session } else { 0 };
                 async move { (s, n, within(round, c.sample(req)).await) }
             });
             let mut out = Vec::new();
@@ -499,15 +571,15 @@ impl ClientCore {
                 lost.push(LostShard { shard: s, reason });
                 masses[s] = 0.0;
             };
-            for (s, n, reply) in self.draw(rt, request, &ranged, true, deadline) {
-                let connected = reply.and_then(|r| match self.connection(rt, st, s, r.incarnation, deadline) {
-                    Ok(()) => Ok(Some(r)),
-                    // It does not serve this transport: gather its rows.
-                    Err(Error::Status { status: e, .. }) if e.code() == tonic::Code::FailedPrecondition => {
-                        self.mark_gather_only(st, s, r.incarnation, e.message());
-                        Ok(None)
+            let session = st.session;
+            for (s, n, reply) in self.draw(rt, request, &ranged, true, session, deadline) {
+                let connected = reply.map(|r| match self.connection(rt, st, s, r.incarnation, deadline) {
+                    Ok(()) => Some(r),
+                    // No connection: gather its rows.
+                    Err(e) => {
+                        self.note_connect_failure(st, s, r.incarnation, &e);
+                        None
                     }
-                    Err(e) => Err(e),
                 });
                 match connected {
                     Ok(Some(reply)) => {
@@ -519,7 +591,7 @@ impl ClientCore {
                     Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut lost),
                 }
             }
-            for (s, n, reply) in self.draw(rt, request, &gathered, false, deadline) {
+            for (s, n, reply) in self.draw(rt, request, &gathered, false, 0, deadline) {
                 match reply {
                     Ok(reply) => {
                         self.note_sample_mass(s, &reply);
@@ -551,19 +623,37 @@ impl ClientCore {
     }
 
     /// Whether `shard`'s rows are gathered: it refused to connect over the
-    /// transport in the incarnation it answered `Info` with this batch.
+    /// transport in the incarnation it answered `Info` with this batch, or
+    /// a connect failed less than [`RETRY_AFTER`] ago.
     fn is_gather_only(&self, st: &DataPlaneState, shard: usize) -> bool {
+        if st.connect_backoff[shard].is_some_and(|until| Instant::now() < until) {
+            return true;
+        }
         let known = self.state.lock()[shard].incarnation;
         st.gather_only[shard].is_some_and(|refused| known == Some(refused))
     }
 
-    fn mark_gather_only(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64, reason: &str) {
+    /// A connect to `shard` failed with `e`: gather its rows, for its
+    /// incarnation when it does not serve the transport, else for
+    /// [`RETRY_AFTER`].
+    fn note_connect_failure(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64, e: &Error) {
         let kind = st.transport.as_ref().map_or("the transport", |t| t.kind().name());
-        eprintln!(
-            "gear-net: shard {shard} ({}) does not serve {kind} ({reason}); its rows are gathered by the shard",
-            self.config.shards[shard]
-        );
-        st.gather_only[shard] = Some(incarnation);
+        let address = &self.config.shards[shard];
+        match e {
+            Error::Status { status, .. } if status.code() == tonic::Code::FailedPrecondition => {
+                eprintln!(
+                    "gear-net: shard {shard} ({address}) does not serve {kind} ({}); its rows are gathered by the shard",
+                    status.message()
+                );
+                st.gather_only[shard] = Some(incarnation);
+            }
+            e => {
+                eprintln!(
+                    "gear-net: shard {shard} ({address}): {kind} connect failed ({e}); its rows are gathered by the shard for {RETRY_AFTER:?}"
+                );
+                st.connect_backoff[shard] = Some(Instant::now() + RETRY_AFTER);
+            }
+        }
     }
 
     /// Registers a batch buffer of at least `bytes`, once (again only when
@@ -659,7 +749,7 @@ impl ClientCore {
                     None => counts.push((rows[r].shard, 1)),
                 }
             }
-            for (s, _, reply) in self.draw(rt, request, &counts, true, deadline) {
+            for (s, _, reply) in self.draw(rt, request, &counts, true, st.session, deadline) {
                 let targets: Vec<usize> = torn.iter().copied().filter(|&r| rows[r].shard == s).collect();
                 match reply {
                     Ok(reply) => {

@@ -36,6 +36,7 @@ struct ShardOutcome {
 async fn insert_into_shard(
     shard: usize,
     mut client: Grpc,
+    table: String,
     list: Vec<(usize, RemoteTrajectory)>,
     chunk_steps: u64,
     timeout: Duration,
@@ -45,7 +46,7 @@ async fn insert_into_shard(
     while rest.peek().is_some() {
         let stream: Vec<(usize, RemoteTrajectory)> = rest.by_ref().take(TRAJECTORIES_PER_STREAM).collect();
         let order: Vec<usize> = stream.iter().map(|(i, _)| *i).collect();
-        let chunks = chunks_of(stream.into_iter().map(|(_, t)| t), chunk_steps);
+        let chunks = chunks_of(&table, stream.into_iter().map(|(_, t)| t), chunk_steps);
         let call = tokio::time::timeout(timeout, client.insert(tokio_stream::iter(chunks)));
         let reply = call.await.unwrap_or_else(|_| {
             Err(tonic::Status::deadline_exceeded(format!("the insert stream did not finish within {timeout:?}")))
@@ -92,7 +93,8 @@ impl ClientCore {
             }
             let client = self.shards[s].grpc.clone();
             let timeout = self.config.call_timeout;
-            let id = calls.spawn(insert_into_shard(s, client, list, chunk_steps, timeout)).id();
+            let table = self.config.table.clone();
+            let id = calls.spawn(insert_into_shard(s, client, table, list, chunk_steps, timeout)).id();
             shard_of.insert(id, s);
         }
         let mut outcomes = Vec::new();
@@ -137,13 +139,20 @@ impl ClientCore {
     }
 }
 
-/// The insert stream of `trajectories`: chunks of at most `chunk_steps`.
-fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
+/// The insert stream of `trajectories` into `table`: chunks of at most
+/// `chunk_steps`, the first naming the table.
+fn chunks_of(table: &str, trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
     let mut out = Vec::new();
     for t in trajectories {
         if chunk_steps == 0 || chunk_steps >= t.steps {
             // One chunk: the buffers move, no copy.
-            out.push(InsertChunk { steps: t.steps, columns: t.columns, priority: t.priority, end: true });
+            out.push(InsertChunk {
+                steps: t.steps,
+                columns: t.columns,
+                priority: t.priority,
+                end: true,
+                table: String::new(),
+            });
             continue;
         }
         let step_bytes: Vec<usize> = t.columns.iter().map(|c| c.len() / t.steps as usize).collect();
@@ -165,8 +174,11 @@ fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: 
                 .collect();
             let priority = if done == 0 { t.priority } else { None };
             done += steps;
-            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps });
+            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps, table: String::new() });
         }
+    }
+    if let Some(first) = out.first_mut() {
+        first.table = table.to_owned();
     }
     out
 }

@@ -100,7 +100,8 @@ impl ClientCore {
     pub(crate) async fn all_infos(&self, deadline: tokio::time::Instant) -> Vec<InfoOutcome> {
         let calls = self.shards.iter().map(|c| {
             let mut c = c.grpc.clone();
-            async move { within(deadline, c.info(InfoRequest {})).await.map(|r| ShardInfo::from_proto(&r)) }
+            let request = InfoRequest { table: self.config.table.clone() };
+            async move { within(deadline, c.info(request)).await.map(|r| ShardInfo::from_proto(&r)) }
         });
         futures_util::future::join_all(calls).await
     }
@@ -137,6 +138,11 @@ impl ClientCore {
                     })?;
                     self.state.lock()[s].mass = Some(mass);
                     out.add(s, &mass);
+                }
+                // The table is unknown there, or must be named: the
+                // cluster or this client is misconfigured, not the shard down.
+                Err(e) if matches!(e.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {
+                    return Err(super::cluster::status(s, e));
                 }
                 Err(e) => {
                     self.mark_lost(s, e.message());
