@@ -50,12 +50,14 @@ mod cluster;
 mod insert;
 mod masses;
 mod spread;
+mod stream;
 mod tables;
 mod weights;
 mod wire;
 
 pub use cluster::AsyncClusterClient;
 pub use insert::TRAJECTORIES_PER_STREAM;
+pub use stream::TrajectoryStream;
 pub use tables::{ShardTables, TableStatus};
 
 mod data_plane;
@@ -456,6 +458,15 @@ impl ClusterClient {
         match &self.runtime {
             Some(runtime) => runtime.block_on(call),
             None => Err(Error::InsideRuntime),
+        }
+    }
+
+    /// The client's runtime, for work that outlives one call (a
+    /// trajectory's stream); refused inside a runtime.
+    fn handle(&self) -> Result<tokio::runtime::Handle> {
+        match &self.runtime {
+            Some(runtime) if tokio::runtime::Handle::try_current().is_err() => Ok(runtime.handle().clone()),
+            _ => Err(Error::InsideRuntime),
         }
     }
 

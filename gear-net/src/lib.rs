@@ -13,8 +13,10 @@
 //! * [`client`]: [`AsyncClusterClient`] (and [`ClusterClient`], a blocking
 //!   wrapper over it), which samples one table across shards with one
 //!   table's distribution (into the caller's buffers if asked), routes
-//!   priority updates to the owning shard, spreads writers, and leaves out
+//!   priority updates to the owning shard, spreads writers (whole
+//!   trajectories, or one streamed while it is written), and leaves out
 //!   (and reports) shards that fail;
+//! * [`cluster_file`]: the cluster file (TOML) trainers and actors read;
 //! * [`auth`]: the cluster token every call carries;
 //! * [`tls`]: TLS (and mutual TLS) when the configs name certificates;
 //! * [`rdma_settings`]: which RDMA device port the data plane opens.
@@ -33,6 +35,7 @@ pub mod alloc;
 pub mod auth;
 mod channel;
 pub mod client;
+pub mod cluster_file;
 pub mod codec;
 pub mod committed;
 pub mod connect;
@@ -54,7 +57,8 @@ pub mod proto {
 
 pub use client::{
     AsyncClusterClient, BatchRows, ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard,
-    PriorityUpdates, RemoteKey, RemoteTrajectory, ShardInfo, ShardSpec, ShardTables, TableStatus, WriteTarget,
+    PriorityUpdates, RemoteKey, RemoteTrajectory, ShardInfo, ShardSpec, ShardTables, TableStatus, TrajectoryStream,
+    WriteTarget,
 };
 pub use error::{Error, Result};
 pub use metrics::{MetricsConfig, MetricsServer};

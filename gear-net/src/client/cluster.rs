@@ -567,15 +567,9 @@ impl AsyncClusterClient {
             WriteTarget::Shard(s) if s < n => per_shard[s] = trajectories.into_iter().enumerate().collect(),
             WriteTarget::Shard(s) => return Err(Error::Config(format!("no shard {s}; the cluster has {n}"))),
             WriteTarget::RoundRobin => {
-                let live: Vec<usize> = {
-                    let st = self.core.state.lock();
-                    (0..n).filter(|&s| !st[s].lost).collect()
-                };
-                let live = if live.is_empty() { (0..n).collect() } else { live };
-                let mut next = self.core.next_writer.lock();
-                for (i, t) in trajectories.into_iter().enumerate() {
-                    per_shard[live[*next % live.len()]].push((i, t));
-                    *next = next.wrapping_add(1);
+                let shards = self.core.round_robin(trajectories.len());
+                for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
+                    per_shard[s].push((i, t));
                 }
             }
             WriteTarget::MostFree => {
@@ -595,6 +589,24 @@ impl AsyncClusterClient {
 }
 
 impl ClientCore {
+    /// The shard for each of `n` trajectories written round-robin: the
+    /// next live shard in turn (every shard when none is known live).
+    pub(crate) fn round_robin(&self, n: usize) -> Vec<usize> {
+        let live: Vec<usize> = {
+            let st = self.state.lock();
+            (0..self.shards.len()).filter(|&s| !st[s].lost).collect()
+        };
+        let live = if live.is_empty() { (0..self.shards.len()).collect() } else { live };
+        let mut next = self.next_writer.lock();
+        (0..n)
+            .map(|_| {
+                let s = live[*next % live.len()];
+                *next = next.wrapping_add(1);
+                s
+            })
+            .collect()
+    }
+
     pub(crate) fn grpc(&self, shard: usize) -> Result<Grpc> {
         self.shards.get(shard).map(|c| c.grpc.clone()).ok_or_else(|| Error::Config(format!("no shard {shard}")))
     }
