@@ -1,25 +1,18 @@
 //! A trainer loop on the async cluster client: batches decoded straight
 //! into the trainer's own buffers, reused every step, and priorities sent
 //! back. The README's "Async client" snippet is the part between the
-//! `snippet` markers (gear-net's `tests/readme.rs` checks they match).
+//! `snippet` markers (gear-net's `tests/readme.rs` checks they match), a
+//! whole `rust,no_run` block that compiles on its own.
 //!
 //! ```sh
 //! GEAR_TOKEN=... GEAR_SHARDS=node0:50051,node1:50051 cargo run -p gear-net --example async_trainer
 //! ```
 
+// snippet begin
 use gear_core::WindowSpec;
 use gear_net::{AsyncClusterClient, BatchRows, ClusterConfig, ClusterSample};
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> gear_net::Result<()> {
-    let shards: Vec<String> = std::env::var("GEAR_SHARDS")
-        .unwrap_or_else(|_| "127.0.0.1:50051".into())
-        .split(',')
-        .map(str::to_owned)
-        .collect();
-    let token = std::env::var("GEAR_TOKEN").unwrap_or_default();
-    let steps = 100;
-    // snippet begin
+async fn train(shards: Vec<String>, token: String, steps: usize) -> gear_net::Result<()> {
     let cluster = AsyncClusterClient::new(ClusterConfig::new(shards, token))?;
     let request = ClusterSample { rows: 256, window: WindowSpec::last(32), columns: vec![] };
     // The trainer's own buffers (pinned memory, say), filled in place.
@@ -33,6 +26,17 @@ async fn main() -> gear_net::Result<()> {
         let priorities: Vec<_> = rows.keys.iter().map(|&key| (key, 1.0)).collect();
         cluster.update_priorities(&priorities).await?;
     }
-    // snippet end
     Ok(())
+}
+// snippet end
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> gear_net::Result<()> {
+    let shards: Vec<String> = std::env::var("GEAR_SHARDS")
+        .unwrap_or_else(|_| "127.0.0.1:50051".into())
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let token = std::env::var("GEAR_TOKEN").unwrap_or_default();
+    train(shards, token, 100).await
 }
