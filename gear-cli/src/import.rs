@@ -25,7 +25,7 @@ use std::process::ExitCode;
 /// Where the table comes from, for both commands.
 #[derive(clap::Args, Debug)]
 pub struct TableArgs {
-    /// The table config (see `gear-cli/src/config.rs`): the table it names
+    /// The table config (docs/CONFIG.md): the table it names
     /// is attached when served, else built.
     #[arg(long, required_unless_present = "table")]
     config: Option<PathBuf>,
@@ -35,11 +35,6 @@ pub struct TableArgs {
     /// Directory of the table's backing file (with --table; default /dev/shm).
     #[arg(long, requires = "table")]
     dir: Option<PathBuf>,
-    /// Import: write the table to this checkpoint afterwards (required
-    /// when no process serves the table).
-    /// Export: read this checkpoint (with --config) instead of a served table.
-    #[arg(long)]
-    checkpoint: Option<PathBuf>,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -69,6 +64,10 @@ pub struct ImportArgs {
     /// corrupt chunk found mid-import leaves the trajectories before it).
     #[arg(long)]
     no_verify: bool,
+    /// Write the table to this checkpoint file afterwards (required when
+    /// no process serves the table: the imported table would be lost).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
     #[command(flatten)]
     table: TableArgs,
 }
@@ -89,6 +88,10 @@ pub struct ExportArgs {
     /// files are.
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=9))]
     deflate: Option<u32>,
+    /// Read the table from this checkpoint file (with --config, for its
+    /// spec) instead of a served table.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
     #[command(flatten)]
     table: TableArgs,
 }
@@ -160,12 +163,12 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
     let (table, checkpoint) = match served(&args.table)? {
         Some(t) => {
             println!("importing into the served table `{}`", t.name().unwrap_or("?"));
-            (t, args.table.checkpoint.clone())
+            (t, args.checkpoint.clone())
         }
         None => {
             let cfg =
                 TableConfig::load(args.table.config.as_deref().unwrap_or(Path::new(""))).map_err(|e| e.to_string())?;
-            let Some(out) = &args.table.checkpoint else {
+            let Some(out) = &args.checkpoint else {
                 return Err(format!(
                     "no process serves table `{}` (start `gear serve --config ...` first), and without \
                      --checkpoint FILE the imported table would be lost when this command exits",
@@ -243,7 +246,7 @@ fn run_export(args: &ExportArgs) -> Result<(), String> {
         deflate: args.deflate,
         ..ExportOptions::default()
     };
-    let table = match (&args.table.checkpoint, &args.table.config) {
+    let table = match (&args.checkpoint, &args.table.config) {
         (Some(ckpt), Some(config)) => {
             let cfg = TableConfig::load(config).map_err(|e| e.to_string())?;
             cfg.builder().and_then(|b| b.pool(PoolConfig::Host).restore(ckpt)).map_err(|e| e.to_string())?

@@ -197,7 +197,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// plain read of the same bytes in `dir`, `rounds` times.
 pub fn run_checkpoint_bench(c: &BenchConfig, dir: &Path, rounds: usize) -> Result<CheckpointBenchReport> {
     let dir = dir.join(format!("gear-checkpoint-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(io_error(&dir, "create"))?;
+    // Only the bench's own folder is created (the caller checked that
+    // `dir` exists), and it goes on every way out, Ctrl-C included.
+    std::fs::create_dir(&dir).map_err(io_error(&dir, "create"))?;
+    let _remove_dir = crate::signals::remove_on_exit(dir.clone());
     let result = measure(c, &dir, rounds.max(1));
     let _ = std::fs::remove_dir_all(&dir);
     result

@@ -619,7 +619,7 @@ impl ClientCore {
         let rejoined = s.lost || s.incarnation.is_some_and(|i| i != incarnation);
         if rejoined {
             *self.beta.lock() = None;
-            eprintln!("gear-net: shard {shard} ({}) is back (incarnation {incarnation:#x})", self.config.shards[shard]);
+            tracing::info!("shard {shard} ({}) is back (incarnation {incarnation:#x})", self.config.shards[shard]);
         }
         s.lost = false;
         s.incarnation = Some(incarnation);
@@ -634,7 +634,7 @@ impl ClientCore {
     pub(crate) fn mark_lost(&self, shard: usize, reason: &str) {
         let mut st = self.state.lock();
         if !st[shard].lost {
-            eprintln!("gear-net: shard {shard} ({}) left out: {reason}", self.config.shards[shard]);
+            tracing::warn!("shard {shard} ({}) left out: {reason}", self.config.shards[shard]);
         }
         st[shard].lost = true;
         st[shard].mass = None;
