@@ -13,9 +13,8 @@ use gear_api::ReplayTable;
 use gear_core::WindowSpec;
 use gear_net::{
     AsyncClusterClient, BatchRows, ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, Error,
-    RemoteTrajectory, ServerConfig, ServerHandle, StrategyInfo, WriteTarget,
+    RemoteTrajectory, ServerHandle, WriteTarget,
 };
-use gear_sampler::{StrategyKind, StrategyParams};
 use std::time::Duration;
 
 const TOKEN: &str = "async-client-token-0123";
@@ -34,15 +33,7 @@ fn tables(shards: u8) -> Vec<ReplayTable> {
 }
 
 fn serve(tables: &[ReplayTable]) -> Vec<ServerHandle> {
-    tables
-        .iter()
-        .enumerate()
-        .map(|(s, table)| {
-            let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, TOKEN);
-            let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
-            ServerHandle::start(table.clone(), &config, strategy).unwrap()
-        })
-        .collect()
+    common::serve_uniform(tables, TOKEN)
 }
 
 fn config(addresses: Vec<String>, plane: DataPlane) -> ClusterConfig {

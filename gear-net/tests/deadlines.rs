@@ -7,6 +7,8 @@
 //! generous slack (the proxy holds the reply for far longer), never a
 //! speed assertion.
 
+#[allow(dead_code)]
+mod common;
 mod proxy;
 
 use gear_api::{ReplayTable, StepValue};
@@ -17,7 +19,6 @@ use gear_net::{
 };
 use gear_sampler::{StrategyKind, StrategyParams};
 use proxy::Proxy;
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "deadline-test-token-0123";
@@ -27,21 +28,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// Far below how long the proxy holds a reply (for ever).
 const SLACK: Duration = Duration::from_secs(4);
 
-/// Runs `body` on a thread; a test that overruns `seconds` aborts the
-/// process (a hang is the failure these tests look for).
 fn within(seconds: u64, body: impl FnOnce() + Send + 'static) {
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        body();
-        let _ = done.send(());
-    });
-    if let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_secs(seconds)) {
-        eprintln!("deadlines: a test ran past its {seconds} s deadline");
-        std::process::abort();
-    }
-    if let Err(panic) = worker.join() {
-        std::panic::resume_unwind(panic);
-    }
+    common::within("deadlines", seconds, body);
 }
 
 fn spec() -> TableSpec {

@@ -10,6 +10,7 @@
 //!
 //! Every test runs under a deadline: a hang aborts the process.
 
+#[allow(dead_code)] // each suite uses part of the shared helpers
 mod common;
 
 use common::{check_rows, insert, recycled_tables, recycling_writers, sample_through_churn, spec};
@@ -23,28 +24,13 @@ use gear_rdma::verbs::{CompletionStatus, PortAttributes};
 use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaServerConfig, RdmaTransport};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
 const TOKEN: &str = "rdma-in-process-token-0123456789";
 
-/// Runs `body` on its own thread; aborts the process if it has not
-/// finished after `seconds` (a hang must fail, not stall CI), and passes a
-/// panic on.
 fn within(seconds: u64, body: impl FnOnce() + Send + 'static) {
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        body();
-        let _ = done.send(());
-    });
-    if let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_secs(seconds)) {
-        eprintln!("rdma_in_process: a test ran past its {seconds} s deadline");
-        std::process::abort();
-    }
-    if let Err(panic) = worker.join() {
-        std::panic::resume_unwind(panic);
-    }
+    common::within("rdma_in_process", seconds, body);
 }
 
 /// The GID of node `n` (fe80::n).
