@@ -8,7 +8,10 @@
 //!   builds the table the config describes in private memory, imports, and
 //!   writes it to `--checkpoint FILE` (required then: a table this process
 //!   made is gone when it exits), for `gear serve --config FILE --restore
-//!   FILE`.
+//!   FILE`; `--no-checkpoint` keeps nothing (a check that the file
+//!   imports). A `--checkpoint` or `--hdf5` output that exists and is not
+//!   a regular file (`/dev/null`, a directory, a FIFO, a socket, a
+//!   symbolic link) is refused before any work.
 //! * `--table NAME` attaches to a served table by name (`--dir` for a
 //!   backing file outside `/dev/shm`).
 //!
@@ -64,10 +67,15 @@ pub struct ImportArgs {
     /// corrupt chunk found mid-import leaves the trajectories before it).
     #[arg(long)]
     no_verify: bool,
-    /// Write the table to this checkpoint file afterwards (required when
-    /// no process serves the table: the imported table would be lost).
+    /// Write the table to this checkpoint file afterwards (a regular file
+    /// or a new path; required when no process serves the table, unless
+    /// --no-checkpoint: the imported table would be lost).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
+    /// With no served table: import into a table built here and keep
+    /// nothing (a check that the file imports into the config's table).
+    #[arg(long, conflicts_with = "checkpoint")]
+    no_checkpoint: bool,
     #[command(flatten)]
     table: TableArgs,
 }
@@ -160,6 +168,11 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
     if !args.hdf5.exists() {
         return Err(format!("{}: no such file", args.hdf5.display()));
     }
+    if let Some(out) = &args.checkpoint {
+        // Refused before the import, not after it: `/dev/null` is not a
+        // way to keep nothing (--no-checkpoint is).
+        check_target(out, "--checkpoint")?;
+    }
     let (table, checkpoint) = match served(&args.table)? {
         Some(t) => {
             println!("importing into the served table `{}`", t.name().unwrap_or("?"));
@@ -168,20 +181,27 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
         None => {
             let cfg =
                 TableConfig::load(args.table.config.as_deref().unwrap_or(Path::new(""))).map_err(|e| e.to_string())?;
-            let Some(out) = &args.checkpoint else {
+            if args.checkpoint.is_none() && !args.no_checkpoint {
                 return Err(format!(
                     "no process serves table `{}` (start `gear serve --config ...` first), and without \
-                     --checkpoint FILE the imported table would be lost when this command exits",
+                     --checkpoint FILE the imported table would be lost when this command exits \
+                     (--no-checkpoint: import only to check the file, keeping nothing)",
                     cfg.name
                 ));
-            };
+            }
             let t = cfg.builder().and_then(|b| b.pool(PoolConfig::Host).build()).map_err(|e| e.to_string())?;
-            println!(
-                "no process serves table `{}`: importing into a new table, written to {}",
-                cfg.name,
-                out.display()
-            );
-            (t, Some(out.clone()))
+            match &args.checkpoint {
+                Some(out) => println!(
+                    "no process serves table `{}`: importing into a new table, written to {}",
+                    cfg.name,
+                    out.display()
+                ),
+                None => println!(
+                    "no process serves table `{}`: importing into a new table, kept nowhere (--no-checkpoint)",
+                    cfg.name
+                ),
+            }
+            (t, args.checkpoint.clone())
         }
     };
     let mut progress = Progress::new(!args.table.quiet);
@@ -239,7 +259,15 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses an output path that exists and is not a regular file (a device
+/// such as `/dev/null`, a directory, a FIFO, a socket, a symbolic link),
+/// before any work; the library checks again when it writes.
+fn check_target(path: &Path, flag: &str) -> Result<(), String> {
+    gear_api::table::checkpoint::files::check_replaceable(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+}
+
 fn run_export(args: &ExportArgs) -> Result<(), String> {
+    check_target(&args.hdf5, "--hdf5")?;
     let options = ExportOptions {
         layout: args.layout.parse::<Layout>().map_err(|e| e.to_string())?,
         rename: pairs(&args.rename, "COLUMN=DATASET")?,
