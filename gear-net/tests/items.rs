@@ -83,7 +83,7 @@ fn check(batch: &ClusterBatch, rows: usize) -> Vec<(u32, i64)> {
 fn a_cluster_of_item_tables_samples_and_updates_items() {
     let servers = [shard(0), shard(1)];
     let gather = client(&servers, DataPlane::ShardGather);
-    let (spec, _) = gather.spec(0).unwrap();
+    let spec = gather.spec(0).unwrap().table;
     assert_eq!(spec.items_per_trajectory(), 4, "the shard's spec names its items");
     // Remote inserts: each 7-step trajectory gets the pattern's 3 items on
     // its shard.
@@ -117,7 +117,7 @@ fn a_cluster_of_item_tables_samples_and_updates_items() {
     all.dedup();
     assert_eq!(all.len(), 18);
     let updates: Vec<(RemoteKey, f64)> = all.iter().map(|&k| (k, if k == keep { 5.0 } else { 1e-12 })).collect();
-    assert_eq!(gather.update_priorities(&updates).unwrap(), 18);
+    assert_eq!(gather.update_priorities(&updates).unwrap().applied, 18);
     for c in [&gather, &ranged] {
         let batch = c.sample(&request).unwrap();
         assert!(batch.keys.iter().all(|&k| k == keep), "only the item with a priority is drawn");
@@ -125,6 +125,6 @@ fn a_cluster_of_item_tables_samples_and_updates_items() {
     }
     // A trajectory key (the insert's) sets its trajectory's priority for
     // eviction, never an item's.
-    assert_eq!(gather.update_priorities(&[(keys[0], 3.0)]).unwrap(), 1);
+    assert_eq!(gather.update_priorities(&[(keys[0], 3.0)]).unwrap().applied, 1);
     assert!(gather.sample(&request).unwrap().keys.iter().all(|&k| k == keep));
 }
