@@ -24,10 +24,9 @@
 //! region. The zero-copy and cached batches of the last set are compared
 //! byte for byte.
 
-use crate::cache::DeviceCache;
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
-use crate::gather::{CudaBatch, CudaCollector};
+use crate::{CudaBatch, CudaCollector, DeviceCache};
 use crate::memory::PinnedMemory;
 use cudarc::driver::sys::CUevent_flags;
 use gear_core::{

@@ -26,19 +26,9 @@ struct alignas(16) gear_v16 {
 
 // Called by the gather before each source load with the load's width in
 // bytes. Nothing on the device; the CPU shim counts them, so tests can show
-// how many bytes each load moves (tests/shim/shim.h).
+// how many bytes each load moves (cpu/shim.h).
 #ifndef GEAR_COUNT_LOAD
 #define GEAR_COUNT_LOAD(bytes)
-// Nanoseconds from a clock that runs at a fixed rate (the global timer on a
-// GPU; the shim defines its own on the host).
-#ifndef GEAR_HOST_SHIM
-__device__ __forceinline__ gear_u64 gear_clock_ns() {
-    gear_u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#endif
-
 #endif
 
 // Index of this thread in a 1-D grid-stride loop over x.
