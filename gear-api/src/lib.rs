@@ -34,6 +34,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod limiter;
 pub mod sampler;
@@ -42,6 +43,7 @@ pub mod writer;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaColumn, CudaSampledBatch, CudaSampler, CudaSamplerOptions};
+pub use device::{DeviceColumn, DeviceSampledBatch, DeviceSampler, DeviceSamplerOptions};
 pub use error::{Error, Result};
 pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
@@ -52,4 +54,5 @@ pub use table::{
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 
 pub use gear_core;
+pub use gear_device;
 pub use gear_sampler;

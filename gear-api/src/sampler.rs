@@ -151,6 +151,14 @@ pub(crate) struct Draws {
     /// Rows of an adopted batch ([`Draws::adopt`]) drawn by nothing: torn
     /// from the start, ascending.
     missing: Vec<usize>,
+    /// Per row, whether its slot still held the drawn key when the copy
+    /// completed ([`Draws::checked_at_copy`]): the first validation uses
+    /// this instead of checking again, so a row evicted after a clean copy
+    /// is not counted torn.
+    checked: Option<Vec<bool>>,
+    /// Rows drawn again because their copy was torn, their key stale or
+    /// nothing drew them, over the sampler's life.
+    pub(crate) redrawn: u64,
     /// This sampler's random stream and selection buffers.
     selection: Selection,
     /// Bytes of every column of one step, summed over requested columns.
@@ -202,6 +210,8 @@ impl Draws {
             rows: Vec::with_capacity(n),
             torn: Vec::new(),
             missing: Vec::new(),
+            checked: None,
+            redrawn: 0,
             selection,
             random_starts,
         };
@@ -236,6 +246,7 @@ impl Draws {
     ) -> Result<()> {
         self.draws.clear();
         self.missing.clear();
+        self.checked = None;
         self.selection.retiring.clear();
         let result = self.draw_and_start(table, copy, timeout);
         if result.is_err() {
@@ -309,15 +320,21 @@ impl Draws {
         let n = self.layout.rows();
         let slots = table.shared.region.slots();
         let missing = std::mem::take(&mut self.missing);
+        let checked = self.checked.take().filter(|c| c.len() == n);
         for attempt in 1..=MAX_COPY_ATTEMPTS {
             self.torn.clear();
             self.torn.extend((0..n).filter(|&r| {
                 let key = self.draws[r].0.key;
-                (attempt == 1 && missing.binary_search(&r).is_ok()) || !slots[key.slot as usize].read_validate(key)
+                match (attempt, &checked) {
+                    (1, Some(c)) => !c[r] || missing.binary_search(&r).is_ok(),
+                    (1, None) => missing.binary_search(&r).is_ok() || !slots[key.slot as usize].read_validate(key),
+                    _ => !slots[key.slot as usize].read_validate(key),
+                }
             }));
             if self.torn.is_empty() {
                 return Ok(());
             }
+            self.redrawn += self.torn.len() as u64;
             if attempt == MAX_COPY_ATTEMPTS {
                 break;
             }
@@ -334,7 +351,6 @@ impl Draws {
     }
 
     /// This sampler's seed (other streams of the sampler derive from it).
-    #[cfg(feature = "cuda")]
     pub(crate) fn seed(&self) -> u64 {
         self.selection.seed
     }
@@ -346,12 +362,12 @@ impl Draws {
     /// draw, redrawing here (and regathering) torn rows, rows drawn by
     /// nothing and rows whose key was no longer readable when adopted;
     /// redraws share `deadline`. Counts one sample of each readable row.
-    #[cfg(feature = "cuda")]
     pub(crate) fn adopt(
         &mut self,
         table: &ReplayTable,
         deadline: Option<Instant>,
         drawn: impl ExactSizeIterator<Item = Option<(Sampled, u64)>>,
+        checked: Option<Vec<bool>>,
     ) -> Result<()> {
         let n = self.layout.rows();
         if drawn.len() != n {
@@ -362,12 +378,23 @@ impl Draws {
         self.rows.clear();
         self.missing.clear();
         self.selection.retiring.clear();
+        let checked = checked.filter(|c| c.len() == n);
         let slots = table.shared.region.slots();
         for (r, d) in drawn.enumerate() {
-            let readable =
-                d.filter(|(s, _)| slots.get(s.key.slot as usize).is_some_and(|rec| rec.read_begin(s.key).is_some()));
+            // A row the copy-time check passed keeps its draw even if its
+            // slot was reused since: its bytes were read before.
+            let readable = d.filter(|(s, _)| {
+                let rec = slots.get(s.key.slot as usize);
+                match &checked {
+                    Some(c) => c[r] && rec.is_some(),
+                    None => rec.is_some_and(|rec| rec.read_begin(s.key).is_some()),
+                }
+            });
             if let Some((s, _)) = readable {
-                slots[s.key.slot as usize].add_sampled();
+                let rec = &slots[s.key.slot as usize];
+                if rec.read_begin(s.key).is_some() {
+                    rec.add_sampled();
+                }
             }
             let (s, len) = readable.unwrap_or_else(|| {
                 self.missing.push(r);
@@ -376,7 +403,30 @@ impl Draws {
             self.draws.push((s, len));
             self.rows.push(GatherRow { slot: s.key.slot, len });
         }
+        // The copy-time check is spent: missing rows are redrawn, the
+        // others passed it.
+        self.checked = checked.map(|_| vec![true; n]);
         Ok(())
+    }
+
+    /// The keys of the batch being drawn, in row order (for a check of
+    /// their slots when the copy completes).
+    pub(crate) fn keys(&self) -> Vec<SlotKey> {
+        self.draws.iter().map(|(s, _)| s.key).collect()
+    }
+
+    /// Per row, whether its slot held the drawn key when the copy
+    /// completed (checked on the device's stream right after the gather):
+    /// [`Draws::finish`]'s first validation uses it.
+    pub(crate) fn checked_at_copy(&mut self, valid: Vec<bool>) {
+        self.checked = Some(valid);
+    }
+
+    /// Restarts the deadline that redraws of the batch in flight share
+    /// from now (a prefetched batch was started with no time to wait; the
+    /// call that finishes it brings its own).
+    pub(crate) fn rearm_deadline(&mut self) {
+        self.deadline = self.timeout.map(|t| Instant::now() + t);
     }
 
     /// The gather row of a drawn key whose trajectory has `len` published
@@ -425,8 +475,7 @@ macro_rules! row_metadata {
         }
     };
 }
-// Only the CUDA sampler uses it from another module.
-#[cfg(feature = "cuda")]
+// The device sampler uses it from another module.
 pub(crate) use row_metadata;
 
 /// One sampled batch: per column a `[rows, window, *shape]` buffer, the

@@ -18,6 +18,8 @@
 //!   kernel into the gather's row tables without leaving the device;
 //!   [`DevicePriorities`] (prefix sums, proportional draws, top-k) and two
 //!   strategies on it ([`DevicePrioritized`], [`DeviceTopK`]).
+//! * The trainer stand-in's step ([`TrainStep`]): reads a batch and holds
+//!   its stream for a set time.
 //! * The CPU device ([`cpu`]): the kernels on worker threads, one per
 //!   stream, with events, asynchronous copies and poisoned frees, reporting
 //!   every use after free, read before its event and unordered write. It is
@@ -39,6 +41,7 @@ pub mod launch;
 pub mod plan;
 pub mod priorities;
 pub mod select;
+pub mod train;
 
 pub use cache::{DeviceCache, RowCache};
 pub use cpu::{CpuDevice, CpuDeviceApi, CpuDeviceOptions, FailPoint, OnMisuse};
@@ -47,3 +50,4 @@ pub use error::{Error, Result};
 pub use gather::{DeviceBatch, DeviceCollector};
 pub use priorities::{DeviceDraws, DevicePriorities};
 pub use select::{DevicePrioritized, DeviceTopK};
+pub use train::TrainStep;

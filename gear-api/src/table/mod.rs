@@ -42,13 +42,12 @@
 //   repair, reclamation, waits);
 // * `insert`: the writer's side (slots, eviction, commit, abandon);
 // * `select`: the sampler's side (admission, draws, checks, retirement);
-// * `device` (feature `cuda`): admission of device draws and the slots a
+// * `device`: admission of device draws and the slots a
 //   device mirror must rewrite, from the change log.
 // * `checkpoint`: writing a table to a file and restoring it.
 mod attach;
 mod builder;
 pub mod checkpoint;
-#[cfg(feature = "cuda")]
 mod device;
 mod export;
 mod insert;
@@ -60,7 +59,6 @@ pub use attach::AttachOptions;
 pub use builder::TableBuilder;
 use builder::{policy, StrategyChoice};
 pub use checkpoint::{latest_checkpoint, CheckpointReport};
-#[cfg(feature = "cuda")]
 pub(crate) use device::{DeviceCursor, DeviceSlot};
 pub use export::CommittedTrajectory;
 pub(crate) use select::Selection;
