@@ -249,6 +249,20 @@ pub fn prefetched_batches_stay_intact_and_correct<A: DeviceApi>(dev: &A::Device)
                     }
                     check_last_batch(&s, &lens, &none, &what);
                 }
+                // Batches and trainer steps back to back, with no host wait
+                // in between: only the sampler's events order them.
+                let keys: Vec<Vec<SlotKey>> = (0..6)
+                    .map(|_| {
+                        s.sample().unwrap();
+                        if with_stream {
+                            train_on(&step, &s, &trainer, Duration::from_micros(100));
+                        }
+                        s.batch().keys().to_vec()
+                    })
+                    .collect();
+                dev.stream_synchronize(&trainer).unwrap();
+                assert!(keys.iter().all(|k| k.len() == 6));
+                check_last_batch(&s, &lens, &none, &format!("{kind} ring {ring} stream {with_stream}: back to back"));
             }
         }
     }

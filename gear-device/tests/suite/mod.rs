@@ -432,6 +432,7 @@ pub fn dropping_draw_buffers_early_waits_for_their_kernels<A: DeviceApi>(dev: &A
     let bl = BatchLayout::new(table.layout(), &[0, 1, 2], 32, WindowSpec::last(t)).unwrap();
     for round in 0..4 {
         let mut slots = DeviceSlots::<A>::new(dev, collector.stream().clone(), n, t).unwrap();
+        // (round 2 drops the batch first, while its gather may be queued)
         slots.sync(SelectionRule::Uniform, &updates).unwrap();
         let mut batch = collector.alloc_batch(&bl).unwrap();
         let mut drawn = DrawnRows::<A>::new(dev, 32).unwrap();
@@ -441,9 +442,9 @@ pub fn dropping_draw_buffers_early_waits_for_their_kernels<A: DeviceApi>(dev: &A
             0 => drop(drawn),
             1 => drop(slots),
             2 => {
+                drop(batch);
                 drop(drawn);
                 drop(slots);
-                drop(batch);
             }
             _ => {
                 // Read back through a batch that was not drawn with these
@@ -460,6 +461,23 @@ pub fn dropping_draw_buffers_early_waits_for_their_kernels<A: DeviceApi>(dev: &A
             }
         }
     }
+}
+
+/// A batch of updates larger than the last replaces the scatter's upload
+/// buffers: the old ones may still be read by the scatter queued before,
+/// which is waited for first. Every update lands, last write winning.
+pub fn growing_update_batches_wait_for_the_scatter_before<A: DeviceApi>(dev: &A::Device) {
+    let mut p = gear_device::DevicePriorities::<A>::new(dev, 3000).unwrap();
+    let mut want = vec![-1.0; 3000];
+    for round in 0..4u32 {
+        let n = 10usize.pow(round);
+        let updates: Vec<(u32, f64)> = (0..n as u32).map(|i| ((i * 7 + round) % 3000, f64::from(i + round))).collect();
+        for &(slot, v) in &updates {
+            want[slot as usize] = v;
+        }
+        p.set(&updates).unwrap();
+    }
+    assert_eq!(p.to_host().unwrap(), want);
 }
 
 /// One `#[test]` per suite function on device API `$api`, the device from
@@ -480,6 +498,7 @@ macro_rules! device_suite {
             top_k_selector_returns_the_best_first,
             device_draws_gather_the_rows_they_name,
             dropping_draw_buffers_early_waits_for_their_kernels,
+            growing_update_batches_wait_for_the_scatter_before,
         );
     };
     (@tests $api:ty, $device:expr; $($name:ident,)*) => {
