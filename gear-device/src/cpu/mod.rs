@@ -293,6 +293,12 @@ pub struct CpuRegistered<R: MemoryRegion> {
     state: Arc<DeviceState>,
 }
 
+impl<R: MemoryRegion> std::fmt::Debug for CpuRegistered<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuRegistered").field("addr", &format_args!("{:#x}", self.addr)).field("len", &self.inner.len()).finish()
+    }
+}
+
 impl<R: MemoryRegion> CpuRegistered<R> {
     /// The wrapped region.
     pub fn inner(&self) -> &R {
