@@ -97,6 +97,7 @@ fn cuda_sampler_opens_the_device_by_ordinal() {
     }
     let mut s = table.cuda_sampler(SampleConfig::new(4, WindowSpec::last(3)), CudaSamplerOptions::new(0)).unwrap();
     assert_eq!(s.sample().unwrap().rows(), 4);
-    let err = table.cuda_sampler(SampleConfig::new(4, WindowSpec::last(3)), CudaSamplerOptions::new(1_000)).unwrap_err();
+    let err =
+        table.cuda_sampler(SampleConfig::new(4, WindowSpec::last(3)), CudaSamplerOptions::new(1_000)).unwrap_err();
     assert!(matches!(err, Error::Backend(_)), "{err}");
 }

@@ -26,8 +26,8 @@
 
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
-use crate::{CudaBatch, CudaCollector, DeviceCache};
 use crate::memory::PinnedMemory;
+use crate::{CudaBatch, CudaCollector, DeviceCache};
 use cudarc::driver::sys::CUevent_flags;
 use gear_core::{
     BatchLayout, ColumnSpec, DType, GatherRow, RandomSource, TableRegion, TableSpec, WindowSpec, Xoshiro256,

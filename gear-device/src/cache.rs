@@ -24,6 +24,10 @@ use gear_core::{Device, DeviceApi, DeviceBuffer, GatherRow, Layout, MemoryRegion
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+/// What [`RowCache::with_rows`] calls with each row's cached address (or
+/// `None`) to queue the gather.
+pub type LaunchRows<'a, A> = dyn FnMut(&[Option<u64>]) -> Result<(), <A as DeviceApi>::Error> + 'a;
+
 /// A device-memory source of rows for [`crate::DeviceCollector`].
 pub trait RowCache<A: DeviceApi>: Send + Sync {
     /// Whether the cached memory lives on `device`.
@@ -38,7 +42,7 @@ pub trait RowCache<A: DeviceApi>: Send + Sync {
         layout: &Layout,
         rows: &[GatherRow],
         stream: &A::Stream,
-        launch: &mut dyn FnMut(&[Option<u64>]) -> Result<(), A::Error>,
+        launch: &mut LaunchRows<'_, A>,
     ) -> Result<(), A::Error>;
 }
 
@@ -239,7 +243,13 @@ impl<A: DeviceApi, R: MemoryRegion> DeviceCache<A, R> {
             // Bytes that change during the copy are detected by the
             // caller's read_validate.
             unsafe {
-                self.device.upload(&self.fill_stream, &self.mem, entry + layout.offset(0, c, 0), data.add(src_off), bytes)
+                self.device.upload(
+                    &self.fill_stream,
+                    &self.mem,
+                    entry + layout.offset(0, c, 0),
+                    data.add(src_off),
+                    bytes,
+                )
             }?;
         }
         self.device.stream_synchronize(&self.fill_stream)
@@ -303,7 +313,7 @@ impl<A: DeviceApi, R: MemoryRegion> RowCache<A> for DeviceCache<A, R> {
         layout: &Layout,
         rows: &[GatherRow],
         stream: &A::Stream,
-        launch: &mut dyn FnMut(&[Option<u64>]) -> Result<(), A::Error>,
+        launch: &mut LaunchRows<'_, A>,
     ) -> Result<(), A::Error> {
         if layout != self.table.layout() {
             return Err(refuse::<A>("the cache was built for a table of another layout"));

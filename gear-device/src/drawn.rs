@@ -32,9 +32,7 @@ use crate::kernels::KernelFn;
 use crate::launch::{grid_1d, launch};
 use crate::plan;
 use crate::priorities::DevicePriorities;
-use gear_core::{
-    Access, Device, DeviceApi, DeviceBuffer, GatherRow, KernelArg, SelectionRule, SlotKey, TableView,
-};
+use gear_core::{Access, Device, DeviceApi, DeviceBuffer, GatherRow, KernelArg, SelectionRule, SlotKey, TableView};
 use std::collections::HashSet;
 use std::sync::Arc;
 

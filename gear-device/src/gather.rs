@@ -231,7 +231,12 @@ impl<A: DeviceApi> DeviceCollector<A> {
     ///
     /// Do not gather into a batch the trainer may still be reading on the
     /// device: have this collector's stream wait for the trainer first.
-    pub fn gather_into(&self, src: &TableView<'_>, rows: &[GatherRow], out: &mut DeviceBatch<A>) -> Result<(), A::Error> {
+    pub fn gather_into(
+        &self,
+        src: &TableView<'_>,
+        rows: &[GatherRow],
+        out: &mut DeviceBatch<A>,
+    ) -> Result<(), A::Error> {
         let data_base = mapped_base::<A>(src)?;
         let dst_bases: Vec<u64> = out.columns.iter().map(|c| c.device_addr()).collect();
         match &self.cache {
@@ -269,9 +274,8 @@ impl<A: DeviceApi> DeviceCollector<A> {
         let one = BatchLayout::new(src.layout(), out.layout.columns(), 1, out.layout.window())?;
         let stride = src.layout().slot_stride();
         for &r in which {
-            let row = rows
-                .get(r..=r)
-                .ok_or_else(|| refuse::<A>(format!("row {r} outside a batch of {}", rows.len())))?;
+            let row =
+                rows.get(r..=r).ok_or_else(|| refuse::<A>(format!("row {r} outside a batch of {}", rows.len())))?;
             let dst_bases: Vec<u64> = out
                 .columns
                 .iter()
@@ -333,12 +337,11 @@ impl<A: DeviceApi> DeviceCollector<A> {
         ];
         let mut indirect: Vec<Indirect> = Vec::with_capacity(1 + columns.len() + extra.len());
         indirect.push(Indirect { addr: data_base, len: None, access: Access::Read });
-        indirect.extend(
-            columns
-                .iter()
-                .filter(|c| !c.is_empty())
-                .map(|c| Indirect { addr: c.device_addr(), len: None, access: Access::Write }),
-        );
+        indirect.extend(columns.iter().filter(|c| !c.is_empty()).map(|c| Indirect {
+            addr: c.device_addr(),
+            len: None,
+            access: Access::Write,
+        }));
         indirect.extend_from_slice(extra);
         let dims = ([plan.grid.0, plan.grid.1, 1], [plan::BLOCK, 1, 1]);
         // SAFETY: the argument list is gear_gather's (checked by `launch`

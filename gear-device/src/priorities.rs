@@ -392,10 +392,10 @@ impl<A: DeviceApi> DevicePriorities<A> {
         let prio = self.prio.device_addr();
         let (d, s) = (&self.device, &self.stream);
         use Access::{Read, Write};
-        // SAFETY (every launch below): the argument lists match their
-        // kernels (checked by `launch`); prio holds n entries, idx m; pairs
-        // (i, i + stride) lie in [0, m); k <= n <= m and the outputs hold k
-        // entries (the caller's obligation).
+        // SAFETY: every argument list below matches its kernel (checked by
+        // `launch`); prio holds n entries, idx m; pairs (i, i + stride) lie
+        // in [0, m); k <= n <= m and the outputs hold k entries (the
+        // caller's obligation).
         unsafe {
             let init = [KernelArg::U64(n), KernelArg::U64(m), KernelArg::Ptr(idx, Write)];
             launch::<A>(d, s, KernelFn::TopkInit, grid_1d(m), &init, &[])?;

@@ -145,7 +145,9 @@ impl<A: DeviceApi> DevicePrioritized<A> {
     /// correction) on `device`. Device memory is allocated in `prepare`.
     pub fn new(device: &A::Device, alpha: f64, beta: f64) -> Result<Self, A::Error> {
         if !(alpha.is_finite() && alpha >= 0.0 && beta.is_finite() && beta >= 0.0) {
-            return Err(gear_core::Error::Device(format!("alpha {alpha} and beta {beta} must be finite and >= 0")).into());
+            return Err(
+                gear_core::Error::Device(format!("alpha {alpha} and beta {beta} must be finite and >= 0")).into()
+            );
         }
         Ok(DevicePrioritized {
             device: device.clone(),
@@ -200,7 +202,11 @@ impl<A: DeviceApi> DevicePrioritized<A> {
             let d = prios.sample(n, alpha, beta, seed, stratified).map_err(device_error)?;
             out.reserve(n);
             for i in 0..d.slots.len() {
-                out.push(Sampled { key: self.keys.key(d.slots[i])?, probability: d.probabilities[i], weight: d.weights[i] });
+                out.push(Sampled {
+                    key: self.keys.key(d.slots[i])?,
+                    probability: d.probabilities[i],
+                    weight: d.weights[i],
+                });
             }
             return Ok(());
         }
@@ -293,7 +299,12 @@ impl<A: DeviceApi> Selector for DevicePrioritized<A> {
         self.draw(n, seed, out)
     }
 
-    fn sample_shared(&self, n: usize, rng: &mut dyn RandomSource, out: &mut Vec<Sampled>) -> Option<gear_core::Result<()>> {
+    fn sample_shared(
+        &self,
+        n: usize,
+        rng: &mut dyn RandomSource,
+        out: &mut Vec<Sampled>,
+    ) -> Option<gear_core::Result<()>> {
         if n == 0 {
             // The table's question at open: yes, draws go through here.
             return Some(Ok(()));

@@ -185,7 +185,13 @@ fn a_range_is_registered_once_and_launches_must_fit_their_kernel() {
     assert!(err.to_string().contains("already mapped"), "{err}");
     drop(reg);
     let module = dev.module().unwrap();
-    let l = Launch { kernel: "gear_train_step", grid: [1, 1, 1], block: [1, 1, 1], args: &[KernelArg::U64(1)], indirect: &[] };
+    let l = Launch {
+        kernel: "gear_train_step",
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        args: &[KernelArg::U64(1)],
+        indirect: &[],
+    };
     // SAFETY: refused before anything runs.
     let err = unsafe { dev.launch(dev.stream(), &module, &l) }.unwrap_err();
     assert!(err.to_string().contains("takes 4 arguments"), "{err}");
@@ -201,12 +207,8 @@ fn a_range_is_registered_once_and_launches_must_fit_their_kernel() {
 #[test]
 fn the_device_cache_keeps_its_capacity_when_marking_fails() {
     let Some(dev) = common::cpu_device() else { return };
-    let spec = gear_core::TableSpec::new(
-        vec![gear_core::ColumnSpec::new("x", gear_core::DType::U8, [64])],
-        8,
-        16,
-    )
-    .unwrap();
+    let spec =
+        gear_core::TableSpec::new(vec![gear_core::ColumnSpec::new("x", gear_core::DType::U8, [64])], 8, 16).unwrap();
     let bytes = gear_core::RegionLayout::for_spec(&spec).unwrap().total_bytes;
     let table = Arc::new(TableRegion::create(dev.alloc_pinned(bytes).unwrap(), &spec).unwrap());
     common::fill_table(&table, 1);

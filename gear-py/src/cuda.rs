@@ -171,7 +171,8 @@ impl CudaSampler {
             None | Some(1) => 0x1, // CU_STREAM_LEGACY
             Some(0) => {
                 return Err(Error::Spec(
-                    "stream 0 is ambiguous (DLPack): give 1 (legacy default), 2 (per-thread default) or a stream".into(),
+                    "stream 0 is ambiguous (DLPack): give 1 (legacy default), 2 (per-thread default) or a stream"
+                        .into(),
                 ))
             }
             Some(s) => s,
@@ -249,8 +250,8 @@ impl CudaSampler {
 #[cfg(test)]
 mod tests {
     use super::ColumnCopies;
-    use gear_api::{DeviceSamplerOptions, ReplayTable, SampleConfig, StepValue};
     use gear_api::gear_device::{CpuDevice, CpuDeviceApi, TrainStep};
+    use gear_api::{DeviceSamplerOptions, ReplayTable, SampleConfig, StepValue};
     use gear_core::{ColumnSpec, DType, Device, DeviceBuffer, TableSpec, WindowSpec};
     use std::time::Duration;
 
@@ -266,8 +267,9 @@ mod tests {
             Ok(d) => d,
             Err(e) => return println!("skipped: {e}"),
         };
-        let spec = TableSpec::new(vec![ColumnSpec::new("x", DType::U8, [32]), ColumnSpec::new("r", DType::F32, [])], 8, 8)
-            .unwrap();
+        let spec =
+            TableSpec::new(vec![ColumnSpec::new("x", DType::U8, [32]), ColumnSpec::new("r", DType::F32, [])], 8, 8)
+                .unwrap();
         let table = ReplayTable::builder(spec).build().unwrap();
         for id in 0..8u8 {
             let mut t = table.writer().begin(None).unwrap();

@@ -563,7 +563,15 @@ impl<A: DeviceApi> DeviceSampler<A> {
         let on_device = !options.host_selection && fill.is_none() && table.device_rule().is_some();
         let selection = if on_device {
             let rows = draws.layout.rows();
-            Some(DeviceSelection::new(&device, &collector, &table, ring.len(), rows, draws.seed(), config.random_start)?)
+            Some(DeviceSelection::new(
+                &device,
+                &collector,
+                &table,
+                ring.len(),
+                rows,
+                draws.seed(),
+                config.random_start,
+            )?)
         } else {
             None
         };

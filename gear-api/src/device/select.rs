@@ -72,7 +72,10 @@ impl<A: DeviceApi> DeviceSelection<A> {
         let spec = table.spec();
         let slots = DeviceSlots::<A>::new(device, collector.stream().clone(), spec.capacity(), spec.max_len())
             .map_err(device_error)?;
-        let drawn = (0..ring).map(|_| DrawnRows::<A>::new(device, rows)).collect::<Result<Vec<_>, _>>().map_err(device_error)?;
+        let drawn = (0..ring)
+            .map(|_| DrawnRows::<A>::new(device, rows))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
         Ok(DeviceSelection {
             slots,
             drawn,

@@ -165,7 +165,8 @@ pub fn samplers_share_one_registration_and_accept_a_stream<A: DeviceApi>(dev: &A
     let mut a = sampler(dev, &table, config.clone(), DeviceSamplerOptions::<A>::default());
     let stream = a.device().new_stream().unwrap();
     // A ring of one gathers on the trainer's stream itself.
-    let mut b = sampler(dev, &table, config.clone(), DeviceSamplerOptions::<A>::default().stream(stream.clone()).ring(1));
+    let mut b =
+        sampler(dev, &table, config.clone(), DeviceSamplerOptions::<A>::default().stream(stream.clone()).ring(1));
     assert!(dev.same_stream(b.stream(), &stream));
     let none = HashMap::new();
     for round in 0..5 {
@@ -329,7 +330,8 @@ pub fn device_selection_follows_priority_updates<A: DeviceApi>(dev: &A::Device) 
         lens.insert(key, 6);
         keys.push(key);
     }
-    let mut s = sampler(dev, &table, SampleConfig::new(16, WindowSpec::last(4)), DeviceSamplerOptions::<A>::default().ring(1));
+    let mut s =
+        sampler(dev, &table, SampleConfig::new(16, WindowSpec::last(4)), DeviceSamplerOptions::<A>::default().ring(1));
     assert!(s.selects_on_device());
     let none = HashMap::new();
     for round in 0..10 {
@@ -577,7 +579,8 @@ pub fn rows_evicted_after_a_clean_copy_are_kept<A: DeviceApi>(dev: &A::Device) {
         for id in 0..8u8 {
             ids.insert(write_traj(&table, id, 6), id);
         }
-        let mut s = sampler(dev, &table, SampleConfig::new(8, WindowSpec::last(3)), DeviceSamplerOptions::<A>::default());
+        let mut s =
+            sampler(dev, &table, SampleConfig::new(8, WindowSpec::last(3)), DeviceSamplerOptions::<A>::default());
         s.sample().unwrap();
         assert!(s.is_prefetching(), "{kind}");
         let deadline = std::time::Instant::now() + Duration::from_secs(20);

@@ -51,4 +51,3 @@ pub fn device_or_skip() -> Option<gear_cuda::CudaDevice> {
         }
     }
 }
-

@@ -165,7 +165,10 @@ pub struct CpuStream {
 
 impl std::fmt::Debug for CpuStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuStream").field("device", &self.handle.core.device_id).field("actor", &self.handle.core.actor).finish()
+        f.debug_struct("CpuStream")
+            .field("device", &self.handle.core.device_id)
+            .field("actor", &self.handle.core.actor)
+            .finish()
     }
 }
 
@@ -232,7 +235,10 @@ pub struct CpuBuffer {
 
 impl std::fmt::Debug for CpuBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuBuffer").field("addr", &format_args!("{:#x}", self.device_addr())).field("len", &self.len).finish()
+        f.debug_struct("CpuBuffer")
+            .field("addr", &format_args!("{:#x}", self.device_addr()))
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -252,7 +258,10 @@ pub struct CpuPinned {
 
 impl std::fmt::Debug for CpuPinned {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuPinned").field("addr", &format_args!("{:#x}", self.owned.addr)).field("len", &self.owned.len).finish()
+        f.debug_struct("CpuPinned")
+            .field("addr", &format_args!("{:#x}", self.owned.addr))
+            .field("len", &self.owned.len)
+            .finish()
     }
 }
 
@@ -295,7 +304,10 @@ pub struct CpuRegistered<R: MemoryRegion> {
 
 impl<R: MemoryRegion> std::fmt::Debug for CpuRegistered<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuRegistered").field("addr", &format_args!("{:#x}", self.addr)).field("len", &self.inner.len()).finish()
+        f.debug_struct("CpuRegistered")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.inner.len())
+            .finish()
     }
 }
 
@@ -441,7 +453,13 @@ impl CpuDevice {
 
     /// Queues `work` on `stream` after checking `touches` (all under the
     /// tracker's lock, so the queue order is the tracker's order).
-    fn enqueue(&self, stream: &CpuStream, touches: &[Touch], what: String, work: impl FnOnce(&Clock) -> Work) -> Result<()> {
+    fn enqueue(
+        &self,
+        stream: &CpuStream,
+        touches: &[Touch],
+        what: String,
+        work: impl FnOnce(&Clock) -> Work,
+    ) -> Result<()> {
         self.raise_pending()?;
         self.own(stream)?;
         let core = stream.core();
@@ -482,7 +500,8 @@ impl CpuDevice {
 
 fn new_stream(state: &Arc<DeviceState>) -> Result<CpuStream> {
     let actor = state.tracker.lock().add_stream();
-    let handle = stream::spawn(state, actor).map_err(|e| Error::Unavailable(format!("cannot start a stream thread: {e}")))?;
+    let handle =
+        stream::spawn(state, actor).map_err(|e| Error::Unavailable(format!("cannot start a stream thread: {e}")))?;
     state.streams.lock().push(Arc::downgrade(&handle.core));
     Ok(CpuStream { handle })
 }

@@ -194,13 +194,7 @@ impl Tracker {
     }
 
     /// Registers memory at `addr`; errors when it overlaps a live one.
-    pub(crate) fn insert(
-        &mut self,
-        addr: u64,
-        len: u64,
-        kind: Kind,
-        memory: Option<RawMemory>,
-    ) -> Result<u64, String> {
+    pub(crate) fn insert(&mut self, addr: u64, len: u64, kind: Kind, memory: Option<RawMemory>) -> Result<u64, String> {
         if let Some((&start, a)) = self.find_alloc(addr, len.max(1)) {
             if a.freed.is_none() {
                 return Err(format!(
@@ -289,12 +283,7 @@ impl Tracker {
                 None => a.len,
             };
             if hi > a.len {
-                found.push(format!(
-                    "{what} uses bytes {lo}..{hi} of {} #{} ({} bytes)",
-                    a.kind.name(),
-                    a.id,
-                    a.len
-                ));
+                found.push(format!("{what} uses bytes {lo}..{hi} of {} #{} ({} bytes)", a.kind.name(), a.id, a.len));
             }
             if let Some(freed) = &a.freed {
                 found.push(format!("use after free: {what} uses {} #{} freed by {freed}", a.kind.name(), a.id));

@@ -436,7 +436,8 @@ pub fn dropping_draw_buffers_early_waits_for_their_kernels<A: DeviceApi>(dev: &A
         slots.sync(SelectionRule::Uniform, &updates).unwrap();
         let mut batch = collector.alloc_batch(&bl).unwrap();
         let mut drawn = DrawnRows::<A>::new(dev, 32).unwrap();
-        collector.gather_drawn(&table.view(), &mut slots, SelectionRule::Uniform, round, None, &mut drawn, &mut batch)
+        collector
+            .gather_drawn(&table.view(), &mut slots, SelectionRule::Uniform, round, None, &mut drawn, &mut batch)
             .unwrap();
         match round {
             0 => drop(drawn),
