@@ -730,6 +730,12 @@ impl<A: DeviceApi> DeviceSampler<A> {
         self.draws.finish(&self.table, &mut copy, &mut b.meta)
     }
 
+    /// The layout of every batch this sampler draws (columns, rows,
+    /// window, bytes).
+    pub fn layout(&self) -> &BatchLayout {
+        &self.draws.layout
+    }
+
     /// Whether the batch being prefetched has been copied and its rows
     /// checked (for tests and diagnostics; `false` when none is).
     pub fn prefetch_checked(&self) -> bool {
