@@ -353,6 +353,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn leases_are_distinct_and_released_on_drop() {
         let dir = temp_dir("leases");
         let ctl = control();
@@ -372,6 +373,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn lock_excludes_threads_and_times_out_naming_the_holder() {
         let dir = temp_dir("lock");
         let ctl = control();
@@ -393,6 +395,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn a_dead_or_garbage_holder_is_taken_over() {
         let dir = temp_dir("takeover");
         let ctl = control();
@@ -410,6 +413,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn futex_wait_times_out_and_wakes() {
         let word = AtomicU32::new(0);
         let t = std::time::Instant::now();
