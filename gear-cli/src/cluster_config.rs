@@ -19,7 +19,9 @@
 //! [rdma]                          # optional: the RDMA device byte-range reads use
 //! # device = "mlx5_0"             # else the first device
 //! # port = 1                      # from 1
-//! # gid_index = 0                 # RoCE v2: usually not 0 (`show_gids`)
+//! # gid_index = 3                 # else the RoCE v2 IPv4/IPv6 entry, else 0 (`show_gids`)
+//! # traffic_class = 0             # GRH traffic class (RoCE v2 DSCP and ECN bits)
+//! # service_level = 0             # 0 to 15
 //! ```
 //!
 //! Relative paths are taken from the working directory, as in `[grpc]`.

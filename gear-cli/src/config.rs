@@ -44,7 +44,12 @@
 //! [grpc.rdma]                    # optional: the RDMA device of the data plane
 //! # device = "mlx5_0"            # else the first device
 //! # port = 1                     # from 1
-//! # gid_index = 0                # RoCE v2: usually not 0 (`show_gids`)
+//! # gid_index = 3                # else the RoCE v2 IPv4/IPv6 entry, else 0 (`show_gids`)
+//! # traffic_class = 0            # GRH traffic class (RoCE v2 DSCP and ECN bits)
+//! # service_level = 0            # 0 to 15
+//! # max_queue_pairs = 4096       # bounds on clients' queue pairs
+//! # max_queue_pairs_per_client = 256
+//! # idle_timeout_ms = 60000      # idle connections are reaped for room
 //! ```
 
 use gear_api::{Error, Result};
@@ -262,10 +267,19 @@ error_buffer = 16.0
         assert_eq!(c.grpc.unwrap().rdma, gear_net::RdmaSettings::default());
         let text = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ndevice = \"mlx5_1\"\nport = 2\ngid_index = 3\n");
         let rdma = TableConfig::parse(&text).unwrap().grpc.unwrap().rdma;
-        assert_eq!(rdma, gear_net::RdmaSettings { device: Some("mlx5_1".into()), port: 2, gid_index: 3 });
-        let only_gid = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ngid_index = 3\n");
+        assert_eq!(
+            rdma,
+            gear_net::RdmaSettings {
+                device: Some("mlx5_1".into()),
+                port: 2,
+                gid_index: Some(3),
+                ..gear_net::RdmaSettings::default()
+            }
+        );
+        let only_gid = format!("{EXAMPLE}{GRPC}[grpc.rdma]\ngid_index = 3\ntraffic_class = 106\nservice_level = 3\n");
         let rdma = TableConfig::parse(&only_gid).unwrap().grpc.unwrap().rdma;
-        assert_eq!((rdma.device, rdma.port, rdma.gid_index), (None, 1, 3));
+        assert_eq!((rdma.device, rdma.port, rdma.gid_index), (None, 1, Some(3)));
+        assert_eq!((rdma.traffic_class, rdma.service_level), (106, 3));
     }
 
     #[test]
@@ -277,6 +291,11 @@ error_buffer = 16.0
         assert!(e("port = 256").contains("port"), "{}", e("port = 256"));
         assert!(e("gid_index = -1").contains("gid_index"), "{}", e("gid_index = -1"));
         assert!(e("gid = 3").contains("unknown field `gid`"), "{}", e("gid = 3"));
+        let level = e("service_level = 16");
+        assert!(level.contains("grpc.rdma.service_level is 16"), "{level}");
+        assert!(e("traffic_class = 256").contains("traffic_class"), "{}", e("traffic_class = 256"));
+        let bound = e("max_queue_pairs = 0");
+        assert!(bound.contains("grpc.rdma.max_queue_pairs is 0"), "{bound}");
     }
 
     #[test]

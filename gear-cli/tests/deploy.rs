@@ -116,11 +116,21 @@ fn cluster_files_carry_rdma_settings_and_refuse_absurd_ones() {
     let base = "shards = [\"a:1\"]\ntoken = \"0123456789abcdef0\"\n";
     let plain = ClusterFile::parse(base).unwrap();
     assert_eq!(plain.client_config().unwrap().rdma, gear_net::RdmaSettings::default());
-    let text = format!("{base}[rdma]\ndevice = \"mlx5_0\"\nport = 2\ngid_index = 3\n");
+    let text = format!("{base}[rdma]\ndevice = \"mlx5_0\"\nport = 2\ngid_index = 3\nservice_level = 5\n");
     let config = ClusterFile::parse(&text).unwrap().client_config().unwrap();
-    assert_eq!(config.rdma, gear_net::RdmaSettings { device: Some("mlx5_0".into()), port: 2, gid_index: 3 });
+    assert_eq!(
+        config.rdma,
+        gear_net::RdmaSettings {
+            device: Some("mlx5_0".into()),
+            port: 2,
+            gid_index: Some(3),
+            service_level: 5,
+            ..gear_net::RdmaSettings::default()
+        }
+    );
     let e = |rdma: &str| ClusterFile::parse(&format!("{base}[rdma]\n{rdma}\n")).unwrap_err().to_string();
     assert!(e("port = 0").contains("rdma.port is 0"), "{}", e("port = 0"));
     assert!(e("device = \"\"").contains("rdma.device is empty"), "{}", e("device = \"\""));
     assert!(e("gid_index = 300").contains("gid_index"), "{}", e("gid_index = 300"));
+    assert!(e("service_level = 16").contains("rdma.service_level is 16"), "{}", e("service_level = 16"));
 }

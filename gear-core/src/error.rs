@@ -168,6 +168,11 @@ pub enum Error {
     /// A resource still in use (a buffer with reads in flight).
     #[error("busy: {0}")]
     Busy(String),
+    /// A bounded resource is used up (a server's queue pairs, a completion
+    /// queue's room); the message names the bound. Try later, or another
+    /// way (the shard-gather data plane).
+    #[error("exhausted: {0}")]
+    Exhausted(String),
     /// Remote reads that failed after the transport's retries.
     #[error("remote read from shard {shard} failed: {} of {total_ops} ops ({reason})", .failed.len())]
     RemoteRead {

@@ -530,3 +530,60 @@ impl<'a> TableView<'a> {
         self.layout
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::HeapRegion;
+    use crate::spec::ColumnSpec;
+    use crate::DType;
+    use std::sync::Arc;
+
+    fn spec() -> TableSpec {
+        let columns = vec![ColumnSpec::new("obs", DType::U8, vec![3]), ColumnSpec::new("id", DType::I64, vec![])];
+        TableSpec::new(columns, 4, 3).unwrap()
+    }
+
+    /// Every unsafe path of the region (header, control block, slot
+    /// records and data through the base pointer) over heap memory that a
+    /// second `TableRegion` opens too, as another process would: small
+    /// enough for Miri, which checks the pointer accesses.
+    #[test]
+    fn a_table_in_heap_memory_is_written_opened_and_read() {
+        let spec = spec();
+        let bytes = RegionLayout::for_spec(&spec).unwrap().total_bytes as usize;
+        let memory = Arc::new(HeapRegion::zeroed(bytes));
+        let table = TableRegion::create(Arc::clone(&memory), &spec).unwrap();
+        assert_eq!(table.creator_pid(), u64::from(std::process::id()));
+        let rec = table.slot(1).unwrap();
+        let key = rec.begin_write(1, 7, 1, 1.0).unwrap();
+        table.write_steps(key, 0, 0, &[1, 2, 3, 4, 5, 6]).unwrap();
+        let ids: Vec<u8> = [11i64, 12].iter().flat_map(|i| i.to_le_bytes()).collect();
+        table.fill_steps(key, 1, 0, 16, |out| out.copy_from_slice(&ids)).unwrap();
+        rec.publish_len(key, 2).unwrap();
+        rec.commit(key).unwrap();
+        let keys = [table.slot(0).unwrap().begin_write(0, 7, 2, 1.0).unwrap()];
+        table.write_batch(&keys, 0, 1, &[&[9, 9, 9], &7i64.to_le_bytes()]).unwrap();
+
+        let other = TableRegion::open(Arc::clone(&memory), Some(&spec)).unwrap();
+        let mut obs = [0u8; 6];
+        assert!(other.read_steps(key, 0, 0, &mut obs).unwrap());
+        assert_eq!(obs, [1, 2, 3, 4, 5, 6]);
+        let mut id = [0u8; 8];
+        assert!(other.read_steps(key, 1, 1, &mut id).unwrap());
+        assert_eq!(i64::from_le_bytes(id), 12);
+        assert!(other.read_steps(keys[0], 0, 0, &mut obs[..3]).unwrap());
+        assert_eq!(obs[..3], [9, 9, 9]);
+        assert!(matches!(other.read_steps(key, 0, 1, &mut obs), Err(Error::InvalidWindow(_))), "past the published");
+        assert_eq!(other.slots().len(), 3);
+        assert_eq!(other.free_list().len(), 3);
+        assert!(!other.log().is_empty());
+        drop(table);
+        drop(other);
+
+        // Bytes that are not a table are refused, never trusted.
+        assert!(TableRegion::open(Arc::new(HeapRegion::zeroed(32)), None).is_err());
+        assert!(TableRegion::open(Arc::new(HeapRegion::zeroed(bytes)), None).is_err());
+        assert!(TableRegion::create(Arc::new(HeapRegion::zeroed(bytes - 1)), &spec).is_err());
+    }
+}

@@ -21,7 +21,9 @@
 //!   2. [`prepare_connection`](Transport::prepare_connection) → a
 //!      [`PendingConnection`] whose endpoint the control plane sends to the
 //!      shard; the shard's `accept` answers with a [`RemoteRegion`];
-//!      [`connect`](Transport::connect) with it → [`RemoteHandle`];
+//!      [`connect`](Transport::connect) with it → [`RemoteHandle`]; when
+//!      no answer comes (the shard refused, the call failed),
+//!      [`abort`](Transport::abort) it so its resources are freed;
 //!   3. per batch, [`post_reads`](Transport::post_reads) to every shard
 //!      first, each returning a [`Ticket`] at once, then
 //!      [`wait`](Transport::wait) on each ticket with one deadline: the reads
@@ -117,12 +119,33 @@ pub struct RdmaEndpoint {
     pub mtu: u32,
     /// This side's queue pairs, in the order they pair up with the peer's.
     pub queue_pairs: Vec<QueuePairEndpoint>,
+    /// A random id of the sending side, the same for every connection it
+    /// makes (a client transport, a server): a server keeps at most one
+    /// connection per client GID and session on a region, so a client
+    /// that connects again replaces its earlier connection.
+    pub session: u64,
+    /// The most READs this side's queue pairs have outstanding as
+    /// initiator (its device's `max_qp_init_rd_atom`, at least 1).
+    pub max_read_initiator: u8,
+    /// The most READs this side's queue pairs serve at once as responder
+    /// (the `max_dest_rd_atomic` it sets, at least 1). The peer sets its
+    /// `max_rd_atomic` to at most this: a NIC that receives more READs
+    /// than it has responder resources for refuses them
+    /// (`IBV_WC_REM_INV_REQ_ERR` at the reader).
+    pub max_read_responder: u8,
 }
 
 impl RdmaEndpoint {
     /// Checks what came from the network: a path MTU verbs know, 1 to
-    /// [`MAX_QUEUE_PAIRS`] queue pairs, 24-bit QP numbers and PSNs.
+    /// [`MAX_QUEUE_PAIRS`] queue pairs, 24-bit QP numbers and PSNs,
+    /// outstanding-read limits of at least 1.
     pub fn validate(&self) -> Result<()> {
+        if self.max_read_initiator == 0 || self.max_read_responder == 0 {
+            return Err(Error::Descriptor(format!(
+                "rdma endpoint: outstanding-read limits must be at least 1 (initiator {}, responder {})",
+                self.max_read_initiator, self.max_read_responder
+            )));
+        }
         if !matches!(self.mtu, 256 | 512 | 1024 | 2048 | 4096) {
             return Err(Error::Descriptor(format!(
                 "rdma endpoint: path mtu {} is not one of 256, 512, 1024, 2048, 4096",
@@ -171,6 +194,15 @@ impl PeerEndpoint {
         match self {
             PeerEndpoint::Rdma(_) => TransportKind::Rdma,
             PeerEndpoint::Tcp(_) => TransportKind::Tcp,
+        }
+    }
+
+    /// The sending side's session ([`RdmaEndpoint::session`]); 0 for a
+    /// transport without per-client state on the server (TCP).
+    pub fn session(&self) -> u64 {
+        match self {
+            PeerEndpoint::Rdma(rdma) => rdma.session,
+            PeerEndpoint::Tcp(_) => 0,
         }
     }
 
@@ -383,8 +415,18 @@ pub trait Transport: Send + Sync {
 
     /// Completes a connection with the shard's answer. Validates `remote`
     /// ([`RemoteRegion::validate`]) and refuses a descriptor of another
-    /// transport or shard with [`Error::Descriptor`].
+    /// transport or shard with [`Error::Descriptor`]. Consumes `pending`
+    /// whatever the outcome: on an error its resources are freed.
     fn connect(&self, pending: PendingConnection, remote: &RemoteRegion) -> Result<RemoteHandle>;
+
+    /// Gives up a connection that will not be completed (the shard refused
+    /// it, the control plane failed): frees what
+    /// [`prepare_connection`](Transport::prepare_connection) made (RDMA:
+    /// its queue pairs). Every prepared connection ends in exactly one of
+    /// `connect` or `abort`; one that ends in neither holds its resources
+    /// until the transport is dropped. [`Error::InvalidHandle`] for a
+    /// connection this transport did not prepare.
+    fn abort(&self, pending: PendingConnection) -> Result<()>;
 
     /// Closes a connection. Tickets still in flight on it finish with an
     /// error.
@@ -461,8 +503,22 @@ pub trait TransportServer: Send + Sync {
 
     /// Answers a client's [`PendingConnection::endpoint`] (validated first:
     /// it comes from the network) with the descriptor it connects with
-    /// (RDMA: creates and connects this side's queue pairs).
+    /// (RDMA: creates and connects this side's queue pairs). A server with
+    /// per-client resources bounds them: a client that connects again
+    /// (same [`PeerEndpoint::session`]) replaces its earlier connection,
+    /// and a connect beyond the bounds is refused with
+    /// [`Error::Exhausted`]. [`Error::Descriptor`] for an endpoint that is
+    /// not valid or of another transport; [`Error::InvalidHandle`] for a
+    /// region not (or no longer) exposed.
     fn accept(&self, exposed: &ExposedRegion, client: &PeerEndpoint) -> Result<RemoteRegion>;
+
+    /// Notes that the client with `session` still uses its connection to
+    /// `exposed` (the control plane calls this on every request of that
+    /// client): a server reaps connections idle for long when it needs
+    /// room. A transport without per-client state has nothing to keep.
+    fn keep_alive(&self, exposed: &ExposedRegion, session: u64) {
+        let _ = (exposed, session);
+    }
 
     /// Stops serving a region; connections to it fail their reads.
     fn withdraw(&self, exposed: &ExposedRegion) -> Result<()>;
@@ -496,6 +552,9 @@ mod tests {
             lid: 0,
             mtu: 1024,
             queue_pairs: (0..qps as u32).map(|i| QueuePairEndpoint { qp_number: 0x100 + i, psn: i }).collect(),
+            session: 9,
+            max_read_initiator: 16,
+            max_read_responder: 16,
         }
     }
 
@@ -530,6 +589,12 @@ mod tests {
         let mut odd_mtu = rdma_peer(1);
         odd_mtu.mtu = 1500;
         assert!(matches!(PeerEndpoint::Rdma(odd_mtu).validate(), Err(Error::Descriptor(_))));
+        for (initiator, responder) in [(0, 4), (4, 0)] {
+            let limits = RdmaEndpoint { max_read_initiator: initiator, max_read_responder: responder, ..rdma_peer(1) };
+            let err = PeerEndpoint::Rdma(limits).validate().unwrap_err().to_string();
+            assert!(err.contains("outstanding-read limits"), "{err}");
+        }
+        assert_eq!(PeerEndpoint::Rdma(rdma_peer(1)).session(), 9);
 
         let tcp = |address: String| region(RemoteAccess::Tcp { peer: TcpEndpoint { address }, region_id: 1 });
         assert!(tcp("10.0.0.1:7000".into()).validate().is_ok());

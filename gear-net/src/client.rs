@@ -688,6 +688,7 @@ fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration, incarna
         timeout_ms: (timeout.as_millis() as u64).saturating_mul(3) / 4,
         ranges: false,
         incarnation: incarnation.unwrap_or(0),
+        data_plane_session: 0,
     }
 }
 

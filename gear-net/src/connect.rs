@@ -13,6 +13,9 @@ fn rdma_to_proto(e: &RdmaEndpoint) -> proto::RdmaPeer {
         lid: u32::from(e.lid),
         mtu: e.mtu,
         queue_pairs: e.queue_pairs.iter().map(|q| proto::QueuePair { qp_number: q.qp_number, psn: q.psn }).collect(),
+        session: e.session,
+        max_read_initiator: u32::from(e.max_read_initiator),
+        max_read_responder: u32::from(e.max_read_responder),
     }
 }
 
@@ -24,12 +27,16 @@ fn rdma_from_proto(p: &proto::RdmaPeer) -> Result<RdmaEndpoint, String> {
     if p.queue_pairs.len() > gear_core::transport::MAX_QUEUE_PAIRS {
         return Err(format!("{} rdma queue pairs", p.queue_pairs.len()));
     }
+    let limit = |what: &str, v: u32| u8::try_from(v).map_err(|_| format!("rdma {what} read limit {v} is above 255"));
     let e = RdmaEndpoint {
         gid,
         gid_index,
         lid,
         mtu: p.mtu,
         queue_pairs: p.queue_pairs.iter().map(|q| QueuePairEndpoint { qp_number: q.qp_number, psn: q.psn }).collect(),
+        session: p.session,
+        max_read_initiator: limit("initiator", p.max_read_initiator)?,
+        max_read_responder: limit("responder", p.max_read_responder)?,
     };
     e.validate().map_err(|e| e.to_string())?;
     Ok(e)
@@ -109,6 +116,9 @@ mod tests {
             lid: 7,
             mtu: 4096,
             queue_pairs: vec![QueuePairEndpoint { qp_number: 0x11, psn: 5 }],
+            session: 0x5e55_1011,
+            max_read_initiator: 16,
+            max_read_responder: 4,
         };
         let e = PeerEndpoint::Rdma(peer.clone());
         assert_eq!(endpoint_from_request(&request_from_endpoint(&e)).unwrap(), e);
@@ -132,6 +142,14 @@ mod tests {
             p.gid.pop();
         }
         assert!(endpoint_from_request(&bad).is_err());
+        for (initiator, responder) in [(0, 4), (16, 0), (256, 4), (16, 1000)] {
+            let mut limits = request_from_endpoint(&e);
+            if let Some(connect_request::Endpoint::Rdma(p)) = &mut limits.endpoint {
+                (p.max_read_initiator, p.max_read_responder) = (initiator, responder);
+            }
+            let err = endpoint_from_request(&limits).unwrap_err();
+            assert!(err.contains("read limit"), "{initiator}/{responder}: {err}");
+        }
         assert!(endpoint_from_request(&ConnectRequest { endpoint: None }).is_err());
         let mut wraps = reply_from_remote(&r);
         if let Some(connect_reply::Access::Rdma(a)) = &mut wraps.access {

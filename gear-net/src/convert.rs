@@ -198,6 +198,7 @@ mod tests {
                 timeout_ms,
                 ranges: false,
                 incarnation: 0,
+                data_plane_session: 0,
             };
             if let Ok(config) = Limits::new(1 << 20).sample_config(&spec(), &req) {
                 prop_assert!(config.batch_size as u64 <= MAX_SAMPLE_ROWS);
@@ -236,6 +237,7 @@ mod tests {
             timeout_ms: 10,
             ranges: false,
             incarnation: 0,
+            data_plane_session: 0,
         };
         assert_eq!(
             Limits::new(1 << 20).sample_config(&spec(), &req).unwrap_err().code(),

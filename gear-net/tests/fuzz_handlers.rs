@@ -203,9 +203,20 @@ proptest! {
         timeout_ms in prop_oneof![0..20u64, any::<u64>()],
         ranges in any::<bool>(),
         incarnation in prop_oneof![3 => Just(0u64), 1 => any::<u64>()],
+        data_plane_session in any::<u64>(),
     ) {
-        let body =
-            SampleRequest { rows, window_offset, window_len, pad, columns, timeout_ms, ranges, incarnation }.encode_to_vec();
+        let body = SampleRequest {
+            rows,
+            window_offset,
+            window_len,
+            pad,
+            columns,
+            timeout_ms,
+            ranges,
+            incarnation,
+            data_plane_session,
+        }
+        .encode_to_vec();
         unary("/gear.v1.Shard/Sample", body);
         server_is_intact();
     }

@@ -20,7 +20,7 @@ use gear_net::{
     StrategyInfo,
 };
 use gear_rdma::verbs::{CompletionStatus, PortAttributes};
-use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaTransport};
+use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaServerConfig, RdmaTransport};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -77,16 +77,27 @@ fn port(node: u8, mtu: u32) -> PortAttributes {
 /// TCP only even in a build with the `rdma` feature on a machine with a
 /// device).
 fn serve(fabric: &InProcessFabric, tables: &[ReplayTable], rdma: &[bool]) -> Vec<ServerHandle> {
+    let configs: Vec<Option<RdmaServerConfig>> = rdma.iter().map(|&on| on.then(RdmaServerConfig::default)).collect();
+    serve_configured(fabric, tables, &configs)
+}
+
+/// As [`serve`], shard `s`'s RDMA server with `configs[s]` (its bounds) or
+/// none. Shard `s`'s node has GID `gid(s + 1)`.
+fn serve_configured(
+    fabric: &InProcessFabric,
+    tables: &[ReplayTable],
+    configs: &[Option<RdmaServerConfig>],
+) -> Vec<ServerHandle> {
     tables
         .iter()
         .enumerate()
         .map(|(s, table)| {
             let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, TOKEN);
             let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
-            if rdma[s] {
+            if let Some(rdma) = configs[s] {
                 let mtu = if s % 2 == 0 { 1024 } else { 2048 };
                 let verbs = fabric.add_node_with(port(s as u8 + 1, mtu)).unwrap();
-                let server = Box::new(RdmaServer::new(verbs).unwrap());
+                let server = Box::new(RdmaServer::with_config(verbs, rdma).unwrap());
                 ServerHandle::start_with_transport(table.clone(), &config, strategy, server).unwrap()
             } else {
                 config.rdma =
@@ -104,13 +115,42 @@ fn client(
     servers: &[ServerHandle],
     call_timeout: Duration,
 ) -> (ClusterClient, InProcessVerbs) {
+    client_on(fabric, servers, call_timeout, CLIENT_NODE)
+}
+
+/// As [`client`], on the fabric node with GID `gid(node)`.
+fn client_on(
+    fabric: &InProcessFabric,
+    servers: &[ServerHandle],
+    call_timeout: Duration,
+    node: u8,
+) -> (ClusterClient, InProcessVerbs) {
     let mut config = ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN);
     config.data_plane = DataPlane::Auto;
     config.seed = 11;
     config.call_timeout = call_timeout;
-    let verbs = fabric.add_node_with(port(CLIENT_NODE, 4096)).unwrap();
+    let verbs = fabric.add_node_with(port(node, 4096)).unwrap();
     let transport = Box::new(RdmaTransport::new(verbs.clone(), RdmaConfig::default()).unwrap());
     (ClusterClient::with_transport(config, transport).unwrap(), verbs)
+}
+
+/// Three shards of 6 items each, all serving RDMA, and a client reading
+/// over RDMA with `call_timeout`: the fabric, the servers (kept while the
+/// test runs), the client and its node.
+fn three_rdma_shards(call_timeout: Duration) -> (InProcessFabric, Vec<ServerHandle>, ClusterClient, InProcessVerbs) {
+    let fabric = InProcessFabric::new();
+    let servers = serve(&fabric, &tables(&[6, 6, 6]), &[true, true, true]);
+    let (cluster, verbs) = client(&fabric, &servers, call_timeout);
+    (fabric, servers, cluster, verbs)
+}
+
+/// The batch the fault tests sample (48 rows of the last 3 steps), after
+/// one clean batch of it.
+fn one_clean_batch(cluster: &ClusterClient) -> (WindowSpec, ClusterSample) {
+    let window = WindowSpec::last(3);
+    let request = ClusterSample { rows: 48, window, columns: vec![] };
+    check_layout(&cluster.sample(&request).unwrap(), window, 48);
+    (window, request)
 }
 
 /// Tables of `sizes[s]` trajectories: shard s holds ids 10*s+1 ..= 10*s+n,
@@ -156,10 +196,7 @@ fn shards_of(batch: &ClusterBatch) -> Vec<u32> {
 #[test]
 fn auto_reads_every_row_over_in_process_rdma() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
         let first = ClusterSample { rows: 64, window: WindowSpec::last(4), columns: vec![] };
         assert_eq!(cluster.data_plane_for(&first), Some(TransportKind::Rdma));
         for window in [WindowSpec::last(4), WindowSpec::first(3), WindowSpec { offset: 1, len: 5, pad: Pad::Tail }] {
@@ -218,13 +255,8 @@ fn rows_overwritten_during_rdma_reads_are_never_returned_torn() {
 #[test]
 fn a_failed_rdma_read_reports_the_shard_lost_and_it_rejoins() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
-        let window = WindowSpec::last(3);
-        let request = ClusterSample { rows: 48, window, columns: vec![] };
-        check_layout(&cluster.sample(&request).unwrap(), window, 48);
+        let (_fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
+        let (window, request) = one_clean_batch(&cluster);
         // Every queue pair to shard 1 fails its next READ with a remote
         // access error (not retried).
         let to_shard_1 = verbs.queue_pairs_to(gid(2));
@@ -250,13 +282,8 @@ fn a_failed_rdma_read_reports_the_shard_lost_and_it_rejoins() {
 #[test]
 fn a_shard_whose_reads_hang_hits_the_deadline_and_is_reported() {
     within(60, || {
-        let fabric = InProcessFabric::new();
-        let tables = tables(&[6, 6, 6]);
-        let servers = serve(&fabric, &tables, &[true, true, true]);
-        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(2));
-        let window = WindowSpec::last(3);
-        let request = ClusterSample { rows: 48, window, columns: vec![] };
-        check_layout(&cluster.sample(&request).unwrap(), window, 48);
+        let (_fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(2));
+        let (window, request) = one_clean_batch(&cluster);
         // Shard 2 stops answering READs: they wait until the call deadline.
         for qp in verbs.queue_pairs_to(gid(3)) {
             verbs.hold(qp).unwrap();
@@ -309,5 +336,137 @@ fn a_shard_without_rdma_is_gathered_not_lost() {
         assert!(wasted.unwrap() > 0, "the first batch asked shard 1 for ranges once");
         assert!(verbs.queue_pairs_to(gid(2)).is_empty(), "no queue pair to the shard without rdma");
         assert!(!verbs.queue_pairs_to(gid(1)).is_empty() && !verbs.queue_pairs_to(gid(3)).is_empty());
+    });
+}
+
+/// The queue pairs the node of shard `s` holds.
+fn shard_queue_pairs(fabric: &InProcessFabric, s: u8) -> usize {
+    fabric.node(gid(s + 1)).expect("the shard's node").queue_pair_count()
+}
+
+#[test]
+fn a_client_that_reconnects_after_every_failure_holds_one_connection_per_shard() {
+    within(60, || {
+        let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
+        let (window, request) = one_clean_batch(&cluster);
+        for round in 0..8 {
+            // Shard 1's reads fail: it is left out of this batch, the
+            // connection ended, and the next batch connects again.
+            for qp in verbs.queue_pairs_to(gid(2)) {
+                verbs.fail_read_after(qp, 0, CompletionStatus::RemoteAccessError).unwrap();
+            }
+            let batch = cluster.sample(&request).unwrap();
+            assert_eq!(batch.lost.iter().map(|l| l.shard).collect::<Vec<_>>(), vec![1], "round {round}");
+            let batch = cluster.sample(&request).unwrap();
+            assert!(batch.lost.is_empty(), "round {round}: {:?}", batch.lost);
+            check_layout(&batch, window, 48);
+            // The shard replaced the client's connection each time: still
+            // 4 queue pairs, not 4 more per reconnect.
+            assert_eq!(shard_queue_pairs(&fabric, 1), 4, "round {round}");
+            // The client's retired queue pairs drain and go; at most one
+            // connection's worth is still draining.
+            assert!(verbs.queue_pair_count() <= 3 * 4 + 4, "round {round}: {}", verbs.queue_pair_count());
+        }
+        assert_eq!((shard_queue_pairs(&fabric, 0), shard_queue_pairs(&fabric, 2)), (4, 4));
+    });
+}
+
+#[test]
+fn a_shard_that_refuses_the_connect_is_gathered_and_the_queue_pairs_are_freed() {
+    within(60, || {
+        let fabric = InProcessFabric::new();
+        // 4 + 5 + 6 items, uniform: probability 1/15 for every row.
+        let tables = tables(&[4, 5, 6]);
+        // Shard 1 has room for 2 queue pairs, and a client brings 4: every
+        // accept is refused (RESOURCE_EXHAUSTED), a state of the shard, not
+        // a bad request, so the batch gathers that shard's rows.
+        let full = RdmaServerConfig { max_queue_pairs: 2, ..RdmaServerConfig::default() };
+        let configs = [Some(RdmaServerConfig::default()), Some(full), Some(RdmaServerConfig::default())];
+        let servers = serve_configured(&fabric, &tables, &configs);
+        let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
+        let window = WindowSpec::last(4);
+        let request = ClusterSample { rows: 48, window, columns: vec![] };
+        for round in 0..4 {
+            let batch = cluster.sample(&request).unwrap();
+            assert!(batch.lost.is_empty(), "round {round}: {:?}", batch.lost);
+            check_layout(&batch, window, 48);
+            assert_eq!(shards_of(&batch), vec![0, 1, 2], "round {round}");
+            for p in &batch.probabilities {
+                assert!((p - 1.0 / 15.0).abs() < 1e-12, "round {round}: probability {p}");
+            }
+            // The queue pairs prepared for shard 1 were aborted: only the
+            // two connected shards' remain on the client's node.
+            assert_eq!(verbs.queue_pair_count(), 8, "round {round}");
+            assert_eq!(shard_queue_pairs(&fabric, 1), 0);
+        }
+        assert_eq!(cluster.data_plane_kind(), Some(TransportKind::Rdma));
+    });
+}
+
+#[test]
+fn a_batch_buffer_that_cannot_be_pinned_is_gathered_by_the_shards() {
+    within(60, || {
+        let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
+        // As under a low RLIMIT_MEMLOCK: 16 KiB may be registered. A batch
+        // of 48 rows of 4 steps needs 6.4 KiB, one of 256 rows 34 KiB.
+        verbs.set_memlock_limit(Some(16 << 10));
+        let window = WindowSpec::last(4);
+        let large = ClusterSample { rows: 256, window, columns: vec![] };
+        for round in 0..3 {
+            let batch = cluster.sample(&large).unwrap();
+            assert!(batch.lost.is_empty(), "round {round}: {:?}", batch.lost);
+            check_layout(&batch, window, 256);
+            assert_eq!(shards_of(&batch), vec![0, 1, 2]);
+        }
+        assert_eq!(cluster.data_plane_for(&large), None, "the shards gather what cannot be pinned");
+        // A batch whose buffer fits is read over RDMA.
+        let small = ClusterSample { rows: 48, window, columns: vec![] };
+        assert_eq!(cluster.data_plane_for(&small), Some(TransportKind::Rdma));
+        fabric.clear_posted_chains();
+        let batch = cluster.sample(&small).unwrap();
+        assert!(batch.lost.is_empty(), "{:?}", batch.lost);
+        check_layout(&batch, window, 48);
+        assert!(!fabric.posted_chains().is_empty(), "the small batch crossed the fabric");
+    });
+}
+
+#[test]
+fn sampling_keeps_a_connection_alive_and_an_idle_one_makes_room() {
+    within(60, || {
+        let fabric = InProcessFabric::new();
+        let tables = tables(&[6, 6]);
+        // Shard 0 has room for two clients; a connection idle for 300 ms
+        // may be reaped for a third.
+        let idle = Duration::from_millis(300);
+        let bounded = RdmaServerConfig { max_queue_pairs: 8, idle_timeout: idle, ..RdmaServerConfig::default() };
+        let servers = serve_configured(&fabric, &tables, &[Some(bounded), Some(RdmaServerConfig::default())]);
+        let (a, _) = client_on(&fabric, &servers, Duration::from_secs(10), 201);
+        let (b, _) = client_on(&fabric, &servers, Duration::from_secs(10), 202);
+        let (c, _) = client_on(&fabric, &servers, Duration::from_secs(10), 203);
+        let window = WindowSpec::last(3);
+        let request = ClusterSample { rows: 24, window, columns: vec![] };
+        let clean = |who: &str, cluster: &ClusterClient| {
+            let batch = cluster.sample(&request).unwrap();
+            assert!(batch.lost.is_empty(), "{who}: {:?}", batch.lost);
+            check_layout(&batch, window, 24);
+            assert_eq!(shards_of(&batch), vec![0, 1], "{who}");
+        };
+        clean("a", &a);
+        clean("b", &b);
+        assert_eq!(shard_queue_pairs(&fabric, 0), 8, "shard 0 is full");
+        // A and B idle past the timeout; A samples again, which tells shard
+        // 0 its connection is in use; then C connects and B's idle
+        // connection is reaped for it, not A's.
+        std::thread::sleep(idle + Duration::from_millis(150));
+        clean("a", &a);
+        clean("c", &c);
+        clean("a", &a);
+        assert_eq!(shard_queue_pairs(&fabric, 0), 8);
+        // B's reads now fail once (its connection is gone); it connects
+        // again, finds shard 0 full of connections in use, and gathers.
+        let batch = b.sample(&request).unwrap();
+        assert_eq!(batch.lost.iter().map(|l| l.shard).collect::<Vec<_>>(), vec![0], "{:?}", batch.lost);
+        clean("b", &b);
+        clean("b", &b);
     });
 }

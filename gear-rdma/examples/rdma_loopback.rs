@@ -5,7 +5,9 @@
 //! `cargo xtask rdma-test` (see the README).
 //!
 //! Flags: `--device NAME` (default: the first), `--port N` (1),
-//! `--gid-index N` (0; on RoCE v2 pick the IPv4-mapped entry), `--mib N`
+//! `--gid-index N` (default: the port's RoCE v2 entry of an IPv4, else
+//! IPv6, address, else 0), `--traffic-class N` (0), `--service-level N`
+//! (0), `--mib N`
 //! region size (256), `--read-kib N` size of each READ (64), `--batch N` ops
 //! per ticket (256), `--seconds N` throughput run (3).
 //! Without a device it prints why and exits 0, or 1 when
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gear_core::{HeapRegion, ReadOp, Transport, TransportServer};
-use gear_rdma::{RdmaConfig, RdmaServer, RdmaTransport, SidewayVerbs};
+use gear_rdma::{RdmaConfig, RdmaServer, RdmaServerConfig, RdmaTransport, SidewayVerbs};
 
 fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(131) ^ (i >> 12)) as u8
@@ -39,7 +41,12 @@ fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let device = args.iter().position(|a| a == "--device").and_then(|i| args.get(i + 1)).map(String::as_str);
     let port = u8::try_from(arg(&args, "--port", 1)?).map_err(|e| e.to_string())?;
-    let gid_index = u8::try_from(arg(&args, "--gid-index", 0)?).map_err(|e| e.to_string())?;
+    let gid_index = match args.iter().any(|a| a == "--gid-index") {
+        true => Some(u8::try_from(arg(&args, "--gid-index", 0)?).map_err(|e| e.to_string())?),
+        false => None,
+    };
+    let traffic_class = u8::try_from(arg(&args, "--traffic-class", 0)?).map_err(|e| e.to_string())?;
+    let service_level = u8::try_from(arg(&args, "--service-level", 0)?).map_err(|e| e.to_string())?;
     let region_len = (arg(&args, "--mib", 256)? as usize) << 20;
     let read_len = (arg(&args, "--read-kib", 64)? as usize) << 10;
     let batch = arg(&args, "--batch", 256)? as usize;
@@ -57,8 +64,15 @@ fn run() -> Result<(), String> {
         Err(e) => return Err(e.to_string()),
     };
     let client_verbs = SidewayVerbs::open(device, port, gid_index).map_err(|e| e.to_string())?;
-    let server = RdmaServer::new(server_verbs).map_err(|e| e.to_string())?;
-    let transport = RdmaTransport::new(client_verbs, RdmaConfig::default()).map_err(|e| e.to_string())?;
+    println!(
+        "rdma-test: gid index {} ({})",
+        client_verbs.gid_index(),
+        if gid_index.is_some() { "given" } else { "chosen from the gid table" }
+    );
+    let server_config = RdmaServerConfig { traffic_class, service_level, ..RdmaServerConfig::default() };
+    let server = RdmaServer::with_config(server_verbs, server_config).map_err(|e| e.to_string())?;
+    let config = RdmaConfig { traffic_class, service_level, ..RdmaConfig::default() };
+    let transport = RdmaTransport::new(client_verbs, config).map_err(|e| e.to_string())?;
 
     let shard = Arc::new(HeapRegion::from_fn(region_len, pattern));
     let exposed = server.expose(0, 1, shard.clone()).map_err(|e| e.to_string())?;

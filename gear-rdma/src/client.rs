@@ -15,15 +15,31 @@
 //! before the failing request, fails or retries the failing piece
 //! (transport errors are retried on another queue pair up to
 //! [`RdmaConfig::max_attempts`]; access and protection errors are not), and
-//! moves every later piece of that queue pair to the live ones. The queue
-//! pair is then destroyed (so nothing more lands from it) and stale
-//! completions of its chains are ignored. A post that takes nothing
-//! destroys its queue pair the same way. When a connection has no live
-//! queue pair left, its remaining pieces fail; connect again through the
-//! control plane. A ticket ends `Ok` only when every piece landed, else
-//! with [`gear_core::Error::RemoteRead`] naming the failed ops.
+//! retires the queue pair: chains not yet posted on it move to the live
+//! ones at once; the queue pair is flushed (moved to the error state) and
+//! given a signalled marker request, and only when the marker's
+//! completion was polled (every completion of the queue pair is then in,
+//! completions on one queue pair being in order) is it destroyed, its
+//! completion-queue room released and the pieces it had in flight moved
+//! to the live queue pairs. Until then nothing of those pieces is read
+//! again (so no late byte of the retired queue pair lands over a retry)
+//! and its room stays taken (so its flush completions cannot overrun the
+//! completion queue). Every queue pair keeps one entry of the completion
+//! queue for its marker. A post that takes nothing retires its queue pair
+//! the same way. When a connection has no live queue pair left, its
+//! remaining pieces fail; connect again through the control plane. A
+//! ticket ends `Ok` only when every piece landed, else with
+//! [`gear_core::Error::RemoteRead`] naming the failed ops.
+//!
+//! Connections: every queue pair's outstanding READs (`max_rd_atomic`) are
+//! at most the shard's responder limit carried in its descriptor, and this
+//! side's endpoint carries the transport's session (the same for every
+//! connection it makes), so a shard replaces an earlier connection of this
+//! transport instead of adding one.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -85,7 +101,15 @@ struct QueuePairState {
     id: QueuePairId,
     connection: u64,
     psn: u32,
+    /// Connected and taking new chains. False while prepared and once
+    /// retired.
     alive: bool,
+    /// Set once retired with requests in flight: the id of the marker
+    /// posted after the flush; the queue pair is drained when its
+    /// completion is polled.
+    draining: Option<u64>,
+    /// Requests posted and not known complete (completion-queue room
+    /// taken), markers aside.
     outstanding: u32,
     in_flight: VecDeque<u64>,
     waiting: VecDeque<u64>,
@@ -118,11 +142,41 @@ struct ClientState {
     buffers: HashMap<u64, Registration>,
     pending: HashMap<u64, Pending>,
     connections: HashMap<u64, Connection>,
+    /// Every queue pair not yet destroyed: prepared, alive or draining.
     queue_pairs: HashMap<u32, QueuePairState>,
     chains: HashMap<u64, Chain>,
     tickets: HashMap<u64, TicketState>,
+    /// Requests posted and not known complete, over all queue pairs.
     total_outstanding: u32,
+    /// Drain markers in flight: marker id → its queue pair.
+    markers: HashMap<u64, u32>,
     completions: Vec<WorkCompletion>,
+}
+
+impl ClientState {
+    /// Completion-queue room a chain of `n` requests may take now: the
+    /// queue's entries less the requests outstanding and one entry per
+    /// queue pair for its drain marker.
+    fn room_for(&self, n: u32, entries: u32) -> bool {
+        let reserved = u64::from(self.total_outstanding) + self.queue_pairs.len() as u64;
+        reserved + u64::from(n) <= u64::from(entries)
+    }
+}
+
+/// A random session id (never 0) for a transport: the same for every
+/// connection it makes, different from every other transport's.
+pub(crate) fn new_session() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    // `RandomState` is seeded from the OS once per process and varied per
+    // instance; the pid, the time and a counter keep sessions apart across
+    // processes and within one.
+    let session = std::collections::hash_map::RandomState::new().hash_one((
+        nanos,
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+    ));
+    session.max(1)
 }
 
 /// `gear_core::Transport` over one-sided RDMA READs (see the module docs).
@@ -131,6 +185,7 @@ struct ClientState {
 pub struct RdmaTransport<V: Verbs> {
     verbs: V,
     config: RdmaConfig,
+    session: u64,
     state: Mutex<ClientState>,
 }
 
@@ -139,12 +194,33 @@ impl<V: Verbs> RdmaTransport<V> {
     pub fn new(verbs: V, config: RdmaConfig) -> Result<Self> {
         config.validate()?;
         verbs.create_completion_queue(config.completion_queue_entries)?;
-        Ok(RdmaTransport { verbs, config, state: Mutex::new(ClientState { next_id: 1, ..Default::default() }) })
+        Ok(RdmaTransport {
+            verbs,
+            config,
+            session: new_session(),
+            state: Mutex::new(ClientState { next_id: 1, ..Default::default() }),
+        })
     }
 
     /// The verbs underneath (tests inject faults through them).
     pub fn verbs(&self) -> &V {
         &self.verbs
+    }
+
+    /// This transport's session, carried in every endpoint it prepares.
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// How many queue pairs this transport holds (prepared, connected or
+    /// draining), to check that none leaks.
+    pub fn queue_pair_count(&self) -> usize {
+        self.lock().queue_pairs.len()
+    }
+
+    /// How many queue pairs are retired and still draining.
+    pub fn draining_queue_pairs(&self) -> usize {
+        self.lock().queue_pairs.values().filter(|q| q.draining.is_some()).count()
     }
 
     /// The queue pair numbers of a connection that are still alive.
@@ -169,7 +245,12 @@ impl<V: Verbs> RdmaTransport<V> {
 
     /// Moves pieces of `ticket` to new chains on the connection's live
     /// queue pairs; fails them when none is left.
-    fn requeue(&self, st: &mut ClientState, ticket_id: u64, pieces: Vec<usize>) {
+    fn requeue(&self, st: &mut ClientState, ticket_id: u64, mut pieces: Vec<usize>) {
+        // Pieces that landed before their queue pair was retired stay done.
+        match st.tickets.get(&ticket_id) {
+            Some(t) => pieces.retain(|&p| t.states.get(p) == Some(&PieceState::InFlight)),
+            None => pieces.clear(),
+        }
         if pieces.is_empty() {
             return;
         }
@@ -228,22 +309,71 @@ impl<V: Verbs> RdmaTransport<V> {
         Self::finish_piece(st, ticket_id, piece, PieceState::Failed);
     }
 
-    /// Takes a queue pair out of service: destroys it (nothing more lands
-    /// from it) and requeues every piece not known to have landed.
+    /// Takes a queue pair out of service (module docs): chains waiting on
+    /// it move to the live queue pairs at once; with requests in flight it
+    /// is flushed and drains (destroyed when its marker completes), else
+    /// it is destroyed now.
     fn retire_queue_pair(&self, st: &mut ClientState, qp_number: u32) {
         let Some(q) = st.queue_pairs.get_mut(&qp_number) else { return };
-        if !q.alive {
+        if q.draining.is_some() {
             return;
         }
         q.alive = false;
         let id = q.id;
+        let waiting: Vec<u64> = q.waiting.drain(..).collect();
+        let idle = q.in_flight.is_empty() && q.outstanding == 0;
+        if idle || !self.start_drain(st, qp_number, id) {
+            self.destroy_now(st, qp_number);
+        }
+        for chain_id in waiting {
+            if let Some(chain) = st.chains.remove(&chain_id) {
+                self.requeue(st, chain.ticket, chain.pieces);
+            }
+        }
+    }
+
+    /// Flushes `qp` and posts its drain marker; false when the device
+    /// refused either (the queue pair is then destroyed undrained: nothing
+    /// better is left to do with it).
+    fn start_drain(&self, st: &mut ClientState, qp_number: u32, id: QueuePairId) -> bool {
+        if self.verbs.flush_queue_pair(id).is_err() {
+            return false;
+        }
+        let marker = st.next_id;
+        st.next_id += 1;
+        // Never executed (the queue pair is in the error state): it only
+        // completes, flushed, after every request posted before it.
+        let request = ReadRequest {
+            wr_id: marker << INDEX_BITS,
+            local_addr: 0,
+            lkey: 0,
+            remote_addr: 0,
+            rkey: 0,
+            len: 0,
+            signaled: true,
+        };
+        if self.verbs.post_reads(id, &[request]).is_err() {
+            return false;
+        }
+        st.markers.insert(marker, qp_number);
+        if let Some(q) = st.queue_pairs.get_mut(&qp_number) {
+            q.draining = Some(marker);
+        }
+        true
+    }
+
+    /// Destroys a queue pair that has nothing in flight (or could not be
+    /// drained), releases its room and moves its unfinished pieces on.
+    fn destroy_now(&self, st: &mut ClientState, qp_number: u32) {
+        let Some(q) = st.queue_pairs.remove(&qp_number) else { return };
         st.total_outstanding = st.total_outstanding.saturating_sub(q.outstanding);
-        q.outstanding = 0;
-        let chain_ids: Vec<u64> = q.in_flight.drain(..).chain(q.waiting.drain(..)).collect();
+        if let Some(marker) = q.draining {
+            st.markers.remove(&marker);
+        }
         // Destroying may fail on a broken device; the queue pair is out of
         // service either way.
-        let _ = self.verbs.destroy_queue_pair(id);
-        for chain_id in chain_ids {
+        let _ = self.verbs.destroy_queue_pair(q.id);
+        for chain_id in q.in_flight.into_iter().chain(q.waiting) {
             if let Some(chain) = st.chains.remove(&chain_id) {
                 self.requeue(st, chain.ticket, chain.pieces);
             }
@@ -253,9 +383,22 @@ impl<V: Verbs> RdmaTransport<V> {
     fn on_completion(&self, st: &mut ClientState, wc: WorkCompletion) {
         let chain_id = wc.wr_id >> INDEX_BITS;
         let index = (wc.wr_id & ((1 << INDEX_BITS) - 1)) as usize;
+        if let Some(qp_number) = st.markers.remove(&chain_id) {
+            // A retired queue pair's marker: every completion of it was
+            // polled (they come in order), so its room is free and nothing
+            // more lands from it.
+            self.destroy_now(st, qp_number);
+            return;
+        }
         let Some(qp_number) = st.chains.get(&chain_id).map(|c| c.qp) else { return };
-        let in_fifo = st.queue_pairs.get(&qp_number).is_some_and(|q| q.in_flight.contains(&chain_id));
-        if !in_fifo {
+        let Some(q) = st.queue_pairs.get(&qp_number) else { return };
+        if !q.in_flight.contains(&chain_id) {
+            return;
+        }
+        // A draining queue pair's successes finish their chains as usual;
+        // its errors and flushes say nothing new: what did not land is
+        // moved on when the drain ends.
+        if q.draining.is_some() && wc.status != CompletionStatus::Success {
             return;
         }
         // Chains posted before this one on the queue pair have completed.
@@ -335,7 +478,7 @@ impl<V: Verbs> RdmaTransport<V> {
                 };
                 let n = chain.pieces.len() as u32;
                 if q.outstanding + n > self.config.send_queue_depth
-                    || st.total_outstanding + n > self.config.completion_queue_entries
+                    || !st.room_for(n, self.config.completion_queue_entries)
                 {
                     break;
                 }
@@ -499,6 +642,21 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
 
     fn prepare_connection(&self, shard: u32) -> CoreResult<PendingConnection> {
         let port = self.verbs.port();
+        {
+            // Every queue pair keeps a completion-queue entry for its drain
+            // marker; leave room for at least one chain besides.
+            let st = self.lock();
+            let needed = st.queue_pairs.len() + self.config.queue_pairs + self.config.chain_len;
+            if needed > self.config.completion_queue_entries as usize {
+                return Err(gear_core::Error::Exhausted(format!(
+                    "rdma: {} more queue pairs (beside {}) would leave a completion queue of {} entries no room for a chain of {}; raise completion_queue_entries or disconnect",
+                    self.config.queue_pairs,
+                    st.queue_pairs.len(),
+                    self.config.completion_queue_entries,
+                    self.config.chain_len
+                )));
+            }
+        }
         let caps = QueuePairCaps { max_send_wr: self.config.send_queue_depth };
         let mut created = Vec::with_capacity(self.config.queue_pairs);
         for _ in 0..self.config.queue_pairs {
@@ -526,6 +684,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
                     connection: id,
                     psn,
                     alive: false,
+                    draining: None,
                     outstanding: 0,
                     in_flight: VecDeque::new(),
                     waiting: VecDeque::new(),
@@ -539,8 +698,25 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             lid: port.lid,
             mtu: port.mtu,
             queue_pairs: endpoints,
+            session: self.session,
+            max_read_initiator: read_limit(port.max_read_initiator),
+            max_read_responder: read_limit(port.max_read_responder),
         };
         Ok(PendingConnection { id, endpoint: PeerEndpoint::Rdma(endpoint) })
+    }
+
+    fn abort(&self, pending: PendingConnection) -> CoreResult<()> {
+        let mut st = self.lock();
+        let p = st.pending.remove(&pending.id).ok_or_else(|| {
+            gear_core::Error::InvalidHandle(format!("connection {} was not prepared here", pending.id))
+        })?;
+        // Never connected, so nothing was posted on them.
+        for qp in &p.queue_pairs {
+            if let Some(q) = st.queue_pairs.remove(qp) {
+                let _ = self.verbs.destroy_queue_pair(q.id);
+            }
+        }
+        Ok(())
     }
 
     fn connect(&self, pending: PendingConnection, remote: &RemoteRegion) -> CoreResult<RemoteHandle> {
@@ -566,10 +742,10 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             .remove(&remote.id())
             .ok_or_else(|| gear_core::Error::InvalidHandle(format!("connection {} is not open", remote.id())))?;
         // Retiring requeues onto the connection, which is gone: the pieces
-        // fail, and the tickets finish with an error.
+        // fail (those in flight once their queue pair drained), and the
+        // tickets finish with an error.
         for qp in &conn.queue_pairs {
             self.retire_queue_pair(&mut st, *qp);
-            st.queue_pairs.remove(qp);
         }
         Ok(())
     }
@@ -695,6 +871,9 @@ impl<V: Verbs> RdmaTransport<V> {
             )));
         }
         let port = self.verbs.port();
+        // READs in flight per queue pair: at most what this device issues
+        // and what the shard's queue pairs serve (its descriptor says).
+        let max_rd_atomic = read_limit(port.max_read_initiator).min(peer.max_read_responder);
         for (local, theirs) in pending.queue_pairs.iter().zip(&peer.queue_pairs) {
             let Some(q) = st.queue_pairs.get(local) else {
                 return Err(gear_core::Error::InvalidHandle(format!("queue pair {local:#x} is gone")));
@@ -708,10 +887,12 @@ impl<V: Verbs> RdmaTransport<V> {
                 mtu: port.mtu.min(peer.mtu),
                 // Never 0: a queue pair with no outstanding READs allowed
                 // fails every READ (sideway's examples leave both at 0).
-                max_rd_atomic: port.max_read_initiator.clamp(1, 16),
-                max_dest_rd_atomic: port.max_read_responder.clamp(1, 16),
+                max_rd_atomic,
+                max_dest_rd_atomic: read_limit(port.max_read_responder),
                 timeout: self.config.ack_timeout,
                 retry_count: self.config.retry_count,
+                traffic_class: self.config.traffic_class,
+                service_level: self.config.service_level,
             };
             self.verbs.connect_queue_pair(q.id, &attrs)?;
         }
@@ -734,6 +915,13 @@ impl<V: Verbs> RdmaTransport<V> {
         );
         Ok(RemoteHandle::new(id, remote.shard, remote.len))
     }
+}
+
+/// An outstanding-read limit a queue pair may be given: the device's,
+/// never 0 (a device that reports none still serves one; at 0 every READ
+/// fails) and at most 16, what the common NICs report.
+pub(crate) fn read_limit(device: u8) -> u8 {
+    device.clamp(1, 16)
 }
 
 impl<V: Verbs> Drop for RdmaTransport<V> {

@@ -4,23 +4,33 @@
 //! process, and "remote" nodes are other values on the same
 //! [`InProcessFabric`].
 //!
-//! What it models, after the RC rules in [`crate::verbs`]: memory regions
-//! with lkeys and rkeys and access rights checked on every request; queue
-//! pairs found by (GID, QP number) that must be connected to each other,
-//! with matching PSNs (each side's receive PSN is the other's send PSN),
-//! each side naming the other's LID, and one path MTU no larger than
-//! either port's (a mismatch ends in `RetryExceeded`, as packets that
-//! never match end on hardware), so a connection descriptor that lost or
-//! garbled a field fails its reads instead of passing;
-//! READs refused when the initiator's `max_rd_atomic` or the responder's
-//! `max_dest_rd_atomic` is 0 (as on hardware, where sideway's examples'
-//! zeros make every READ fail); completions in order, signalled ones only
-//! on success, errors always, the queue pair in the error state after an
-//! error and everything after it flushed; a completion queue that reports
-//! overruns. Tests inject what a network does: a READ that fails with a
-//! chosen status, a peer that stops answering (requests held until
-//! released), and a post that takes only a prefix of a chain. It records
-//! every posted chain so tests can check how reads were split.
+//! What it models, after the RC rules in [`crate::verbs`], loud wherever a
+//! device would be: memory regions with lkeys and rkeys and access rights
+//! checked on every request, and a locked-memory budget
+//! ([`InProcessVerbs::set_memlock_limit`]) beyond which registrations fail
+//! as `ibv_reg_mr` does under a low `RLIMIT_MEMLOCK`; queue pairs found by
+//! (GID, QP number) that must be connected to each other, with matching
+//! PSNs (each side's receive PSN is the other's send PSN), each side
+//! naming the other's LID, and one path MTU no larger than either port's
+//! (a mismatch ends in `RetryExceeded`, as packets that never match end on
+//! hardware), so a connection descriptor that lost or garbled a field
+//! fails its reads instead of passing; connect attributes beyond the
+//! port's outstanding-read limits or a service level above 15 refused as
+//! `ibv_modify_qp` refuses them; READs refused when the initiator's
+//! `max_rd_atomic` is 0, and by the responder
+//! (`RemoteInvalidRequest`) when more READs are in flight at once than its
+//! `max_dest_rd_atomic` (a chain of `n` READs has `min(n, max_rd_atomic)`
+//! in flight, as a NIC issues them); completions in order, signalled ones
+//! only on success, errors always, the queue pair in the error state after
+//! an error or a flush and everything after it flushed, the flush
+//! completions reaching the completion queue one poll later than the error
+//! (late enough that a transport which frees their room early overruns
+//! the queue); a completion queue that reports overruns. Tests inject what
+//! a network does: a READ that fails with a chosen status, a peer that
+//! stops answering (requests held until released), and a post that takes
+//! only a prefix of a chain. It records every posted chain so tests can
+//! check how reads were split, and lets tests see queue pairs and their
+//! connect attributes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{Error, Result};
 use crate::verbs::{
     CompletionStatus, ConnectAttributes, MemoryAccess, MemoryKeys, PortAttributes, PostError, QueuePairCaps,
-    QueuePairId, ReadRequest, Verbs, WorkCompletion,
+    QueuePairId, ReadRequest, Verbs, WorkCompletion, MAX_SERVICE_LEVEL,
 };
 
 /// The raw `IBV_WC_LOC_QP_OP_ERR` status, reported for a READ posted on a
@@ -65,8 +75,14 @@ struct Node {
     regions: HashMap<u32, Region>,
     queue_pairs: HashMap<u32, QueuePair>,
     completions: VecDeque<WorkCompletion>,
+    /// Flush completions not yet in the completion queue: they move there
+    /// at the end of the next poll.
+    late_flushes: VecDeque<WorkCompletion>,
     cq_entries: Option<usize>,
     cq_overrun: bool,
+    /// Bytes registered now, and the most that may be (locked memory).
+    registered_bytes: u64,
+    memlock_limit: Option<u64>,
 }
 
 #[derive(Clone, Copy)]
@@ -120,11 +136,20 @@ impl InProcessFabric {
             regions: HashMap::new(),
             queue_pairs: HashMap::new(),
             completions: VecDeque::new(),
+            late_flushes: VecDeque::new(),
             cq_entries: None,
             cq_overrun: false,
+            registered_bytes: 0,
+            memlock_limit: None,
         };
         st.nodes.insert(port.gid, node);
         Ok(InProcessVerbs { fabric: self.clone(), gid: port.gid })
+    }
+
+    /// The node with GID `gid`, if it is on this fabric (tests look at a
+    /// node another owner made).
+    pub fn node(&self, gid: [u8; 16]) -> Option<InProcessVerbs> {
+        lock(&self.state).nodes.contains_key(&gid).then(|| InProcessVerbs { fabric: self.clone(), gid })
     }
 
     /// Every chain posted so far, in order.
@@ -180,8 +205,8 @@ impl InProcessVerbs {
             qp.holding = false;
             qp.held_requests.drain(..).collect()
         };
-        for request in held {
-            execute(&mut st, self.gid, qp_number, request);
+        for (position, request) in held.into_iter().enumerate() {
+            execute(&mut st, self.gid, qp_number, request, position);
         }
         Ok(())
     }
@@ -209,6 +234,26 @@ impl InProcessVerbs {
     pub fn is_errored(&self, qp_number: u32) -> Result<bool> {
         self.with_queue_pair(qp_number, |qp| qp.errored)
     }
+
+    /// How many queue pairs this node has (created and not destroyed).
+    pub fn queue_pair_count(&self) -> usize {
+        lock(&self.fabric.state).nodes.get(&self.gid).map_or(0, |n| n.queue_pairs.len())
+    }
+
+    /// The attributes `qp_number` was connected with (`None` while it is
+    /// not connected).
+    pub fn connect_attributes(&self, qp_number: u32) -> Result<Option<ConnectAttributes>> {
+        self.with_queue_pair(qp_number, |qp| qp.connected)
+    }
+
+    /// Limits the bytes this node may have registered at once, as
+    /// `RLIMIT_MEMLOCK` limits a process: a registration beyond it fails
+    /// (`ibv_reg_mr`: cannot allocate memory). `None` lifts the limit.
+    pub fn set_memlock_limit(&self, limit: Option<u64>) {
+        if let Some(node) = lock(&self.fabric.state).nodes.get_mut(&self.gid) {
+            node.memlock_limit = limit;
+        }
+    }
 }
 
 fn complete(node: &mut Node, wc: WorkCompletion) {
@@ -218,22 +263,34 @@ fn complete(node: &mut Node, wc: WorkCompletion) {
     }
 }
 
-/// Runs one READ posted on (`gid`, `qp_number`) to its completion.
-fn execute(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: ReadRequest) {
-    let status = read_status(st, gid, qp_number, &request);
+/// Runs one READ posted on (`gid`, `qp_number`) to its completion;
+/// `position` is how many READs were posted before it in the same
+/// doorbell (they are in flight with it).
+fn execute(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: ReadRequest, position: usize) {
+    let status = read_status(st, gid, qp_number, &request, position);
     let Some(node) = st.nodes.get_mut(&gid) else { return };
     if status != CompletionStatus::Success {
         if let Some(qp) = node.queue_pairs.get_mut(&qp_number) {
             qp.errored = true;
         }
     }
-    if status != CompletionStatus::Success || request.signaled {
-        complete(node, WorkCompletion { wr_id: request.wr_id, status, qp_number });
+    let wc = WorkCompletion { wr_id: request.wr_id, status, qp_number };
+    match status {
+        // Flushes reach the completion queue late (module docs).
+        CompletionStatus::Flushed => node.late_flushes.push_back(wc),
+        CompletionStatus::Success if !request.signaled => {}
+        _ => complete(node, wc),
     }
 }
 
 /// Checks every rule a READ must pass, then copies the bytes.
-fn read_status(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: &ReadRequest) -> CompletionStatus {
+fn read_status(
+    st: &mut FabricState,
+    gid: [u8; 16],
+    qp_number: u32,
+    request: &ReadRequest,
+    position: usize,
+) -> CompletionStatus {
     let Some(node) = st.nodes.get_mut(&gid) else { return CompletionStatus::Flushed };
     let local_port = node.port;
     let Some(qp) = node.queue_pairs.get_mut(&qp_number) else { return CompletionStatus::Flushed };
@@ -264,7 +321,10 @@ fn read_status(st: &mut FabricState, gid: [u8; 16], qp_number: u32, request: &Re
     if !path_agrees(&attrs, &peer_attrs, &local_port, &peer.port) {
         return CompletionStatus::RetryExceeded;
     }
-    if peer_attrs.max_dest_rd_atomic == 0 {
+    // The initiator has up to `max_rd_atomic` READs of the doorbell in
+    // flight; a responder with fewer resources refuses the excess.
+    let in_flight = (position + 1).min(usize::from(attrs.max_rd_atomic));
+    if in_flight > usize::from(peer_attrs.max_dest_rd_atomic) {
         return CompletionStatus::RemoteInvalidRequest;
     }
     let len = u64::from(request.len);
@@ -327,6 +387,17 @@ impl Verbs for InProcessVerbs {
         if region.addr.checked_add(region.len).is_none() {
             return Err(Error::verbs("ibv_reg_mr", "range wraps the address space"));
         }
+        let locked = node.registered_bytes.saturating_add(region.len);
+        if let Some(limit) = node.memlock_limit.filter(|&limit| locked > limit) {
+            return Err(Error::verbs(
+                "ibv_reg_mr",
+                format!(
+                    "cannot allocate memory: {} more bytes would lock {locked}, above the locked-memory limit of {limit} (RLIMIT_MEMLOCK)",
+                    region.len
+                ),
+            ));
+        }
+        node.registered_bytes = locked;
         node.regions.insert(key, region);
         Ok(MemoryKeys { handle: u64::from(key), lkey: key, rkey: key })
     }
@@ -334,7 +405,9 @@ impl Verbs for InProcessVerbs {
     fn deregister_memory(&self, keys: MemoryKeys) -> Result<()> {
         let mut st = lock(&self.fabric.state);
         let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_dereg_mr", "node not on fabric"))?;
-        node.regions.remove(&keys.lkey).map(|_| ()).ok_or_else(|| Error::verbs("ibv_dereg_mr", "unknown region"))
+        let region = node.regions.remove(&keys.lkey).ok_or_else(|| Error::verbs("ibv_dereg_mr", "unknown region"))?;
+        node.registered_bytes = node.registered_bytes.saturating_sub(region.len);
+        Ok(())
     }
 
     fn create_completion_queue(&self, entries: u32) -> Result<()> {
@@ -357,13 +430,62 @@ impl Verbs for InProcessVerbs {
     }
 
     fn connect_queue_pair(&self, qp: QueuePairId, attrs: &ConnectAttributes) -> Result<()> {
+        // What `ibv_modify_qp` refuses with EINVAL: limits beyond the
+        // device's (a port that reports none still allows 1) and a service
+        // level wider than 4 bits.
+        let port = self.port();
+        if attrs.max_rd_atomic > port.max_read_initiator.max(1) {
+            return Err(Error::verbs(
+                "ibv_modify_qp(RTS)",
+                format!("max_rd_atomic {} is above the device's {}", attrs.max_rd_atomic, port.max_read_initiator),
+            ));
+        }
+        if attrs.max_dest_rd_atomic > port.max_read_responder.max(1) {
+            return Err(Error::verbs(
+                "ibv_modify_qp(RTR)",
+                format!(
+                    "max_dest_rd_atomic {} is above the device's {}",
+                    attrs.max_dest_rd_atomic, port.max_read_responder
+                ),
+            ));
+        }
+        if attrs.service_level > MAX_SERVICE_LEVEL {
+            return Err(Error::verbs(
+                "ibv_modify_qp(RTR)",
+                format!("service level {} does not fit in 4 bits", attrs.service_level),
+            ));
+        }
         self.with_queue_pair(qp.qp_number, |q| q.connected = Some(*attrs))
             .map_err(|e| Error::verbs("ibv_modify_qp(RTR)", e))
+    }
+
+    fn flush_queue_pair(&self, qp: QueuePairId) -> Result<()> {
+        let mut st = lock(&self.fabric.state);
+        let node =
+            st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_modify_qp(ERR)", "node not on fabric"))?;
+        let q = node
+            .queue_pairs
+            .get_mut(&qp.qp_number)
+            .ok_or_else(|| Error::verbs("ibv_modify_qp(ERR)", "unknown queue pair"))?;
+        q.errored = true;
+        // A queue pair in the error state answers nothing, held or not.
+        q.holding = false;
+        let held: Vec<ReadRequest> = q.held_requests.drain(..).collect();
+        for request in held {
+            node.late_flushes.push_back(WorkCompletion {
+                wr_id: request.wr_id,
+                status: CompletionStatus::Flushed,
+                qp_number: qp.qp_number,
+            });
+        }
+        Ok(())
     }
 
     fn destroy_queue_pair(&self, qp: QueuePairId) -> Result<()> {
         let mut st = lock(&self.fabric.state);
         let node = st.nodes.get_mut(&self.gid).ok_or_else(|| Error::verbs("ibv_destroy_qp", "node not on fabric"))?;
+        // Flushes already generated still reach the completion queue, as
+        // they may on hardware when a queue pair is destroyed undrained.
         node.queue_pairs.remove(&qp.qp_number).map(|_| ()).ok_or_else(|| Error::verbs("ibv_destroy_qp", "unknown qp"))
     }
 
@@ -379,7 +501,7 @@ impl Verbs for InProcessVerbs {
             return Err(refuse("queue pair is not connected (not in ready-to-send)"));
         }
         let accepted = q.post_limit.take().unwrap_or(chain.len()).min(chain.len());
-        let holding = q.holding;
+        let holding = q.holding && !q.errored;
         if holding {
             q.held_requests.extend(chain[..accepted].iter().copied());
         }
@@ -390,8 +512,8 @@ impl Verbs for InProcessVerbs {
             signaled: chain[..accepted].iter().map(|r| r.signaled).collect(),
         });
         if !holding {
-            for request in &chain[..accepted] {
-                execute(&mut st, gid, qp.qp_number, *request);
+            for (position, request) in chain[..accepted].iter().enumerate() {
+                execute(&mut st, gid, qp.qp_number, *request, position);
             }
         }
         if accepted < chain.len() {
@@ -408,6 +530,12 @@ impl Verbs for InProcessVerbs {
         }
         let n = max.min(node.completions.len());
         out.extend(node.completions.drain(..n));
+        // Flushes generated so far arrive now, after this poll: a caller
+        // that counted their room free when it saw the error has posted
+        // into it meanwhile.
+        while let Some(wc) = node.late_flushes.pop_front() {
+            complete(node, wc);
+        }
         Ok(n)
     }
 }

@@ -31,6 +31,7 @@
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod gid;
 pub mod in_process;
 pub mod server;
 #[cfg(feature = "rdma")]
@@ -38,7 +39,7 @@ pub mod sideway_verbs;
 pub mod verbs;
 
 pub use client::RdmaTransport;
-pub use config::RdmaConfig;
+pub use config::{RdmaConfig, RdmaServerConfig};
 pub use error::{Error, Result};
 pub use in_process::{InProcessFabric, InProcessVerbs};
 pub use server::RdmaServer;
@@ -47,18 +48,19 @@ pub use sideway_verbs::SidewayVerbs;
 pub use verbs::Verbs;
 
 /// Opens the real RDMA device (`device` or the first, port `port_num`, GID
-/// table entry `gid_index`) for a transport or a server. Without the `rdma`
-/// feature, or on a machine without RDMA, this is [`Error::Unavailable`]:
-/// callers fall back to TCP.
+/// table entry `gid_index`, or when `None` the one
+/// [`gid::default_gid_index`] picks from the port's table) for a transport
+/// or a server. Without the `rdma` feature, or on a machine without RDMA,
+/// this is [`Error::Unavailable`]: callers fall back to TCP.
 #[cfg(feature = "rdma")]
-pub fn open_device(device: Option<&str>, port_num: u8, gid_index: u8) -> Result<SidewayVerbs> {
+pub fn open_device(device: Option<&str>, port_num: u8, gid_index: Option<u8>) -> Result<SidewayVerbs> {
     SidewayVerbs::open(device, port_num, gid_index)
 }
 
 /// Opens the real RDMA device: this build has no RDMA backend (built
 /// without the `rdma` feature), so this is always [`Error::Unavailable`].
 #[cfg(not(feature = "rdma"))]
-pub fn open_device(device: Option<&str>, port_num: u8, gid_index: u8) -> Result<InProcessVerbs> {
+pub fn open_device(device: Option<&str>, port_num: u8, gid_index: Option<u8>) -> Result<InProcessVerbs> {
     let _ = (device, port_num, gid_index);
     Err(Error::Unavailable("gear-rdma was built without the `rdma` feature".into()))
 }
@@ -69,9 +71,10 @@ pub fn open_device(device: Option<&str>, port_num: u8, gid_index: u8) -> Result<
 pub fn device_transport(
     device: Option<&str>,
     port_num: u8,
-    gid_index: u8,
+    gid_index: Option<u8>,
     config: RdmaConfig,
 ) -> gear_core::Result<Box<dyn gear_core::Transport>> {
+    config.validate()?;
     let verbs = open_device(device, port_num, gid_index)?;
     Ok(Box::new(RdmaTransport::new(verbs, config)?))
 }
@@ -81,8 +84,10 @@ pub fn device_transport(
 pub fn device_server(
     device: Option<&str>,
     port_num: u8,
-    gid_index: u8,
+    gid_index: Option<u8>,
+    config: RdmaServerConfig,
 ) -> gear_core::Result<Box<dyn gear_core::TransportServer>> {
+    config.validate()?;
     let verbs = open_device(device, port_num, gid_index)?;
-    Ok(Box::new(RdmaServer::new(verbs)?))
+    Ok(Box::new(RdmaServer::with_config(verbs, config)?))
 }

@@ -33,6 +33,7 @@ use sideway::ibverbs::queue_pair::{
 use sideway::ibverbs::AccessFlags;
 
 use crate::error::{Error, Result};
+use crate::gid::{default_gid_index, GidEntry, GidKind};
 use crate::verbs::{
     CompletionStatus, ConnectAttributes, MemoryAccess, MemoryKeys, PortAttributes, PostError, QueuePairCaps,
     QueuePairId, ReadRequest, Verbs, WorkCompletion,
@@ -95,17 +96,19 @@ fn status_of(raw: u32) -> CompletionStatus {
 
 impl SidewayVerbs {
     /// Opens `device` (the first one when `None`), port `port_num` (usually
-    /// 1), GID table entry `gid_index` (on RoCE v2 pick the entry of the
-    /// interface's IPv4/IPv6 address; `show_gids` lists them). Any failure,
+    /// 1), GID table entry `gid_index` (`None`: the port's RoCE v2 entry of
+    /// an IPv4, else IPv6, address, else 0, as
+    /// [`default_gid_index`](crate::gid::default_gid_index) picks from the
+    /// types the device reports; `show_gids` lists them). Any failure,
     /// including no libibverbs or no device, is [`Error::Unavailable`].
-    pub fn open(device: Option<&str>, port_num: u8, gid_index: u8) -> Result<Self> {
+    pub fn open(device: Option<&str>, port_num: u8, gid_index: Option<u8>) -> Result<Self> {
         match catch_unwind(AssertUnwindSafe(|| Self::open_inner(device, port_num, gid_index))) {
             Ok(result) => result,
             Err(_) => Err(Error::Unavailable("the rdma library panicked while opening the device".into())),
         }
     }
 
-    fn open_inner(device: Option<&str>, port_num: u8, gid_index: u8) -> Result<Self> {
+    fn open_inner(device: Option<&str>, port_num: u8, gid_index: Option<u8>) -> Result<Self> {
         let unavailable = |what: String| Error::Unavailable(what);
         let list = DeviceList::new()
             .map_err(|e| unavailable(format!("cannot list devices (is libibverbs.so.1 installed?): {e}")))?;
@@ -127,6 +130,10 @@ impl SidewayVerbs {
         if port_attr.port_state() != PortState::Active {
             return Err(unavailable(format!("`{name}` port {port_num} is not active")));
         }
+        let gid_index = match gid_index {
+            Some(index) => index,
+            None => default_gid_index(&gid_table(&context, port_num, port_attr.gid_tbl_len())),
+        };
         let gid = context
             .query_gid(port_num, u32::from(gid_index))
             .map_err(|e| unavailable(format!("`{name}` port {port_num} gid {gid_index}: {e}")))?;
@@ -157,9 +164,35 @@ impl SidewayVerbs {
         })
     }
 
+    /// The GID index this value addresses its side by.
+    pub fn gid_index(&self) -> u8 {
+        self.port.gid_index
+    }
+
     fn cq(&self) -> Result<Arc<BasicCompletionQueue>> {
         lock(&self.cq).clone().ok_or_else(|| Error::verbs("ibv_poll_cq", "no completion queue was created"))
     }
+}
+
+/// The valid entries of a port's GID table with their types
+/// (`ibv_query_gid`, `ibv_query_gid_type`); entries that cannot be read or
+/// are empty are left out.
+fn gid_table(context: &DeviceContext, port_num: u8, len: i32) -> Vec<GidEntry> {
+    let len = u8::try_from(len.clamp(0, 256)).unwrap_or(u8::MAX);
+    (0..len)
+        .filter_map(|index| {
+            let gid = context.query_gid(port_num, u32::from(index)).ok()?;
+            if gid.is_zero() {
+                return None;
+            }
+            // 1 is IBV_GID_TYPE_ROCE_V2; 0 is InfiniBand or RoCE v1.
+            let kind = match context.query_gid_type(port_num, u32::from(index)).ok()? {
+                1 => GidKind::RoceV2,
+                _ => GidKind::InfiniBandOrRoceV1,
+            };
+            Some(GidEntry { index, gid: gid.raw, kind })
+        })
+        .collect()
 }
 
 impl Verbs for SidewayVerbs {
@@ -227,13 +260,15 @@ impl Verbs for SidewayVerbs {
         let q = qps.get_mut(&qp.handle).ok_or_else(|| Error::verbs("ibv_modify_qp(RTR)", "unknown queue pair"))?;
         let mut av = AddressHandleAttribute::new();
         // Always a global route header addressed by GID: RoCE needs it and
-        // InfiniBand accepts it.
-        av.setup_dest_lid(a.remote_lid)
-            .setup_port(self.port_num)
-            .setup_service_level(0)
-            .setup_grh_src_gid_index(self.port.gid_index)
-            .setup_grh_dest_gid(&Gid { raw: a.remote_gid })
-            .setup_grh_hop_limit(64);
+        // InfiniBand accepts it. Its traffic class is the IP header's DSCP
+        // and ECN bits on RoCE v2.
+        av.setup_dest_lid(a.remote_lid).setup_port(self.port_num).setup_service_level(a.service_level).setup_grh(
+            &Gid { raw: a.remote_gid },
+            0,
+            self.port.gid_index,
+            64,
+            a.traffic_class,
+        );
         let mut rtr = QueuePairAttribute::new();
         rtr.setup_state(QueuePairState::ReadyToReceive)
             .setup_path_mtu(mtu_of(a.mtu))
@@ -254,6 +289,14 @@ impl Verbs for SidewayVerbs {
         Ok(())
     }
 
+    fn flush_queue_pair(&self, qp: QueuePairId) -> Result<()> {
+        let mut qps = lock(&self.queue_pairs);
+        let q = qps.get_mut(&qp.handle).ok_or_else(|| Error::verbs("ibv_modify_qp(ERR)", "unknown queue pair"))?;
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        q.modify(&attr).map_err(|e| Error::verbs("ibv_modify_qp(ERR)", e))
+    }
+
     fn destroy_queue_pair(&self, qp: QueuePairId) -> Result<()> {
         // Dropping calls `ibv_destroy_qp`.
         lock(&self.queue_pairs)
@@ -269,6 +312,13 @@ impl Verbs for SidewayVerbs {
         for r in chain {
             let flags = if r.signaled { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
             let wr = guard.construct_wr(r.wr_id, flags).setup_read(r.rkey, r.remote_addr);
+            if r.len == 0 {
+                // A zero-length READ (the transport's drain marker) has no
+                // scatter entry: some devices read a 0 byte count as 2 GiB.
+                // SAFETY: an empty list names no memory.
+                unsafe { wr.setup_sge_list(&[]) };
+                continue;
+            }
             // SAFETY: the transport builds requests only inside buffers it
             // registered (and keeps alive while requests are in flight), and
             // the device checks the lkey's bounds as well.

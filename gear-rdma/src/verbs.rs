@@ -16,7 +16,19 @@
 //!   its queue pair enters the error state, and every request after it on
 //!   that queue pair completes with [`CompletionStatus::Flushed`];
 //! * a post may fail after a prefix of the chain was posted
-//!   ([`PostError::posted`]).
+//!   ([`PostError::posted`]);
+//! * a queue pair moved to the error state
+//!   ([`Verbs::flush_queue_pair`]) completes every request not yet
+//!   executed with [`CompletionStatus::Flushed`], later posts included,
+//!   and those completions may reach the completion queue some time after
+//!   the error: a queue pair is drained (and its completion-queue room
+//!   free) only once the completion of the last request posted on it was
+//!   polled, which is why a retired queue pair gets a marker request
+//!   after the flush (as Linux's `ib_drain_sq` does);
+//! * a reader's queue pair must not have more READs outstanding
+//!   (`max_rd_atomic`) than the responder's queue pair serves
+//!   (`max_dest_rd_atomic`): the responder refuses the excess
+//!   ([`CompletionStatus::RemoteInvalidRequest`]).
 
 use crate::error::Result;
 
@@ -103,7 +115,17 @@ pub struct ConnectAttributes {
     pub timeout: u8,
     /// Transport retries before `RetryExceeded`.
     pub retry_count: u8,
+    /// Traffic class of the global route header (on RoCE v2 the IP
+    /// header's DSCP and ECN bits: DSCP 26 is 104).
+    pub traffic_class: u8,
+    /// Service level of the address vector (0 to 15; on InfiniBand it
+    /// picks the virtual lane, on RoCE the priority where the fabric maps
+    /// it).
+    pub service_level: u8,
 }
+
+/// The highest InfiniBand service level (4 bits).
+pub const MAX_SERVICE_LEVEL: u8 = 15;
 
 /// One READ work request: `len` bytes at `remote_addr` (under `rkey`) into
 /// `local_addr` (under `lkey`).
@@ -213,7 +235,17 @@ pub trait Verbs: Send + Sync + 'static {
     /// connected to one remote queue pair by GID.
     fn connect_queue_pair(&self, qp: QueuePairId, attrs: &ConnectAttributes) -> Result<()>;
 
-    /// Destroys a queue pair; its outstanding requests are dropped.
+    /// Moves a queue pair to the error state (`ibv_modify_qp` to
+    /// `IBV_QPS_ERR`): every request on it not yet executed, and every
+    /// request posted later, completes with [`CompletionStatus::Flushed`]
+    /// (signalled or not). The completions may arrive later; see the
+    /// module docs for how to know they all did.
+    fn flush_queue_pair(&self, qp: QueuePairId) -> Result<()>;
+
+    /// Destroys a queue pair; its outstanding requests are dropped. Drain
+    /// it first ([`flush_queue_pair`](Verbs::flush_queue_pair), then poll
+    /// until its last request completed): completions of a queue pair
+    /// destroyed undrained may still reach the completion queue.
     fn destroy_queue_pair(&self, qp: QueuePairId) -> Result<()>;
 
     /// Posts a chain of READs on `qp` with one doorbell. On `Err`, the first

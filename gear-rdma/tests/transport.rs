@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{buffer, client, connect, gid, pattern, snapshot, Shard};
-use gear_core::{Error as CoreError, HeapRegion, ReadOp, RemoteAccess, TcpEndpoint, Transport, TransportServer};
+use common::{buffer, check_landed, client, connect, gid, snapshot, Shard};
+use gear_core::{Error as CoreError, ReadOp, RemoteAccess, TcpEndpoint, Transport, TransportServer};
 use gear_rdma::verbs::CompletionStatus;
 use gear_rdma::{InProcessFabric, RdmaConfig};
 
@@ -22,20 +22,6 @@ fn deadline() -> Instant {
 /// local offset `len * i`.
 fn ops(n: usize, len: u64, stride: u64) -> Vec<ReadOp> {
     (0..n as u64).map(|i| ReadOp { remote_offset: stride * i + 3, local_offset: len * i, len }).collect()
-}
-
-/// Checks that every op not in `failed` holds the remote bytes it read.
-fn check_landed(shard: u32, local: &HeapRegion, ops: &[ReadOp], failed: &[u32]) {
-    let bytes = snapshot(local);
-    for (i, op) in ops.iter().enumerate() {
-        if failed.contains(&(i as u32)) {
-            continue;
-        }
-        for k in 0..op.len as usize {
-            let want = pattern(shard, op.remote_offset as usize + k);
-            assert_eq!(bytes[op.local_offset as usize + k], want, "op {i} byte {k}");
-        }
-    }
 }
 
 #[test]
@@ -337,12 +323,12 @@ fn descriptors_of_another_shard_or_transport_are_refused() {
 fn without_a_device_rdma_is_unavailable_not_a_crash() {
     // No machine of our CI has an RDMA device (or, without the `rdma`
     // feature, no backend): both must be a clear error.
-    match gear_rdma::device_transport(None, 1, 0, RdmaConfig::default()) {
+    match gear_rdma::device_transport(None, 1, None, RdmaConfig::default()) {
         Err(CoreError::TransportUnavailable(why)) => assert!(why.contains("rdma"), "{why}"),
         Err(other) => panic!("expected unavailable, got {other}"),
         Ok(_) => eprintln!("skipped: this machine has an rdma device (run cargo xtask rdma-test)"),
     }
-    match gear_rdma::device_server(None, 1, 0) {
+    match gear_rdma::device_server(None, 1, None, gear_rdma::RdmaServerConfig::default()) {
         Err(CoreError::TransportUnavailable(_)) => {}
         Err(other) => panic!("expected unavailable, got {other}"),
         Ok(_) => eprintln!("skipped: this machine has an rdma device"),

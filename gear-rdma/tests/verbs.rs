@@ -25,6 +25,8 @@ fn attrs(remote_gid: [u8; 16], remote_qp_number: u32, max_rd_atomic: u8, max_des
         max_dest_rd_atomic,
         timeout: 14,
         retry_count: 7,
+        traffic_class: 0,
+        service_level: 0,
     }
 }
 
@@ -108,10 +110,15 @@ fn an_error_flushes_the_rest_of_the_queue_pair_with_completions_even_unsignalled
     a.post_reads(qa, &[read(1, 0, false), bad, read(3, 16, false), read(4, 24, true)]).unwrap();
     let mut out = Vec::new();
     a.poll_completions(&mut out, 16).unwrap();
-    let seen: Vec<(u64, CompletionStatus)> = out.iter().map(|w| (w.wr_id, w.status)).collect();
+    let seen = |out: &[gear_rdma::verbs::WorkCompletion]| -> Vec<(u64, CompletionStatus)> {
+        out.iter().map(|w| (w.wr_id, w.status)).collect()
+    };
+    assert_eq!(seen(&out), vec![(2, CompletionStatus::RemoteAccessError)], "the error first, its flushes later");
+    out.clear();
+    a.poll_completions(&mut out, 16).unwrap();
     assert_eq!(
-        seen,
-        vec![(2, CompletionStatus::RemoteAccessError), (3, CompletionStatus::Flushed), (4, CompletionStatus::Flushed)],
+        seen(&out),
+        vec![(3, CompletionStatus::Flushed), (4, CompletionStatus::Flushed)],
         "no completion for the unsignalled success; errors and flushes always"
     );
     assert!(a.is_errored(qa.qp_number).unwrap());
@@ -185,4 +192,50 @@ fn a_descriptor_with_a_wrong_psn_lid_or_mtu_fails_its_reads() {
             assert!(snapshot(&local).iter().all(|&b| b == 0), "{what}: bytes landed");
         }
     }
+}
+
+#[test]
+fn a_responder_refuses_reads_beyond_its_limit_and_connects_within_the_device() {
+    let fabric = InProcessFabric::new();
+    let a = fabric.add_node(gid(1)).unwrap();
+    let b = fabric.add_node(gid(2)).unwrap();
+    a.create_completion_queue(64).unwrap();
+    b.create_completion_queue(64).unwrap();
+    let src = buffer(256, |i| pattern(0, i));
+    let dst = buffer(256, |_| 0);
+    // SAFETY: both buffers outlive the fabric's use of them in this test.
+    let remote = unsafe { b.register_memory(src.host_ptr().unwrap().as_ptr(), 256, MemoryAccess::RemoteRead) }.unwrap();
+    // SAFETY: as above.
+    let local = unsafe { a.register_memory(dst.host_ptr().unwrap().as_ptr(), 256, MemoryAccess::LocalWrite) }.unwrap();
+    let qa = a.create_queue_pair(QueuePairCaps { max_send_wr: 16 }).unwrap();
+    let qb = b.create_queue_pair(QueuePairCaps { max_send_wr: 16 }).unwrap();
+    // The device's limits (16 here) bound what a queue pair may be given.
+    let too_many = attrs(gid(2), qb.qp_number, 17, 1);
+    assert!(a.connect_queue_pair(qa, &too_many).unwrap_err().to_string().contains("max_rd_atomic 17"));
+    let bad_level = ConnectAttributes { service_level: 16, ..attrs(gid(2), qb.qp_number, 1, 1) };
+    assert!(a.connect_queue_pair(qa, &bad_level).unwrap_err().to_string().contains("service level"));
+    // The reader issues 8 at once; the responder serves 2.
+    a.connect_queue_pair(qa, &attrs(gid(2), qb.qp_number, 8, 1)).unwrap();
+    b.connect_queue_pair(qb, &attrs(gid(1), qa.qp_number, 1, 2)).unwrap();
+    let read = |i: u64| ReadRequest {
+        wr_id: i,
+        local_addr: dst.host_ptr().unwrap().as_ptr() as u64 + 8 * i,
+        lkey: local.lkey,
+        remote_addr: src.host_ptr().unwrap().as_ptr() as u64 + 8 * i,
+        rkey: remote.rkey,
+        len: 8,
+        signaled: true,
+    };
+    let chain: Vec<ReadRequest> = (0..8).map(read).collect();
+    a.post_reads(qa, &chain).unwrap();
+    let mut out = Vec::new();
+    a.poll_completions(&mut out, 64).unwrap();
+    a.poll_completions(&mut out, 64).unwrap();
+    let statuses: Vec<CompletionStatus> = out.iter().map(|w| w.status).collect();
+    let mut want = vec![CompletionStatus::Success; 2];
+    want.push(CompletionStatus::RemoteInvalidRequest);
+    want.extend([CompletionStatus::Flushed; 5]);
+    assert_eq!(statuses, want, "the third READ in flight is one too many");
+    assert_eq!(snapshot(&dst)[..16], snapshot(&src)[..16]);
+    assert!(snapshot(&dst)[16..].iter().all(|&b| b == 0));
 }

@@ -346,6 +346,11 @@ impl Transport for TcpTransport {
     }
 
     fn connect(&self, pending: PendingConnection, remote: &RemoteRegion) -> CoreResult<RemoteHandle> {
+        // Taken out first: `connect` consumes the pending connection
+        // whatever its outcome.
+        let shard = self.state.lock().pending.remove(&pending.id).ok_or_else(|| {
+            gear_core::Error::InvalidHandle(format!("connection {} was not prepared here", pending.id))
+        })?;
         remote.validate()?;
         let RemoteAccess::Tcp { peer, region_id } = &remote.access else {
             return Err(gear_core::Error::Descriptor(format!(
@@ -353,9 +358,6 @@ impl Transport for TcpTransport {
                 remote.kind().name()
             )));
         };
-        let shard = *self.state.lock().pending.get(&pending.id).ok_or_else(|| {
-            gear_core::Error::InvalidHandle(format!("connection {} was not prepared here", pending.id))
-        })?;
         if shard != remote.shard {
             return Err(gear_core::Error::Descriptor(format!(
                 "connection prepared for shard {shard} got a descriptor of shard {}",
@@ -376,11 +378,19 @@ impl Transport for TcpTransport {
         let client = RegionReaderClient::with_interceptor(channel, self.headers.clone())
             .max_decoding_message_size(self.config.max_chunk_bytes + 1024);
         let mut st = self.state.lock();
-        st.pending.remove(&pending.id);
         let id = st.id();
         st.connections
             .insert(id, Connection { shard, len: remote.len, region_id: *region_id, client, tickets: HashSet::new() });
         Ok(RemoteHandle::new(id, shard, remote.len))
+    }
+
+    fn abort(&self, pending: PendingConnection) -> CoreResult<()> {
+        self.state
+            .lock()
+            .pending
+            .remove(&pending.id)
+            .map(drop)
+            .ok_or_else(|| gear_core::Error::InvalidHandle(format!("connection {} was not prepared here", pending.id)))
     }
 
     fn disconnect(&self, remote: &RemoteHandle) -> CoreResult<()> {

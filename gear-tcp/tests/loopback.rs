@@ -160,6 +160,30 @@ fn out_of_range_reads_are_refused_locally_and_by_the_server() {
 }
 
 #[test]
+fn a_pending_connection_ends_in_one_connect_or_abort() {
+    let (server, _addr, _rt) = serve(4096);
+    let exposed = server.expose(0, 1, region_with(4096, |i| i as u8)).unwrap();
+    let t = transport(Some(TOKEN), Duration::from_secs(10));
+    let again =
+        |p: &gear_core::PendingConnection| gear_core::PendingConnection { id: p.id, endpoint: p.endpoint.clone() };
+
+    let pending = t.prepare_connection(0).unwrap();
+    let copy = again(&pending);
+    t.abort(pending).unwrap();
+    assert!(matches!(t.abort(again(&copy)), Err(Error::InvalidHandle(_))), "aborted once");
+    let remote = server.accept(&exposed, &copy.endpoint).unwrap();
+    assert!(matches!(t.connect(copy, &remote), Err(Error::InvalidHandle(_))), "an aborted connection is gone");
+
+    // A refused descriptor consumes the pending connection too.
+    let pending = t.prepare_connection(0).unwrap();
+    let copy = again(&pending);
+    let other_shard = RemoteRegion { shard: 3, ..remote.clone() };
+    assert!(matches!(t.connect(pending, &other_shard), Err(Error::Descriptor(_))));
+    assert!(matches!(t.connect(again(&copy), &remote), Err(Error::InvalidHandle(_))));
+    assert!(matches!(t.abort(copy), Err(Error::InvalidHandle(_))));
+}
+
+#[test]
 fn a_silent_server_times_out_and_disconnect_ends_the_reads() {
     // Accepts connections and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

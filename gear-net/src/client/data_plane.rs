@@ -15,17 +15,24 @@
 //! reads fail is left out and reported, its rows drawn from the others;
 //! its connection is ended and made again on its next batch.
 //!
-//! A shard that does not serve the client's transport (it answers
-//! `Connect` with `failed_precondition`, e.g. "this shard does not serve
-//! rdma") is not lost: its rows are drawn by the shard-gather `Sample` and
-//! merged into the batch with the same global probabilities and weights.
-//! The client remembers that shard as gather-only for its incarnation, so
-//! it asks to connect again only after the shard restarted; the one ranged
-//! draw made before the refusal is discarded.
+//! A shard the client cannot connect to is not lost: its rows are drawn by
+//! the shard-gather `Sample` and merged into the batch with the same
+//! global probabilities and weights; the one ranged draw made before the
+//! failure is discarded and the half-made connection aborted (its queue
+//! pairs freed). A shard that does not serve the client's transport (it
+//! answers `failed_precondition`, e.g. "this shard does not serve rdma")
+//! is remembered as gather-only for its incarnation, so the client asks
+//! again only after it restarted; any other failure (the shard has no room
+//! for more queue pairs: `resource_exhausted`; a device error:
+//! `unavailable`; a descriptor this side refuses) makes that shard
+//! gather-only for [`RETRY_AFTER`].
 //!
 //! The batch buffers (every column of every row, then the generation
 //! words) are registered with the transport once and reused; the finished
-//! batch is copied out of them into [`ClusterBatch::columns`].
+//! batch is copied out of them into [`ClusterBatch::columns`]. A batch
+//! whose buffer cannot be registered (a low `RLIMIT_MEMLOCK` refuses the
+//! pinning) is gathered by the shards instead, and the registration is
+//! tried again after [`RETRY_AFTER`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +54,11 @@ pub const MAX_RANGE_BATCH_BYTES: u64 = 4 << 30;
 
 /// Draws of a torn row before a batch gives up.
 pub const MAX_READ_ATTEMPTS: usize = 8;
+
+/// How long a shard that failed to connect, or a batch size whose buffer
+/// failed to register, is gathered by the shards before the byte-range
+/// path is tried again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// How [`ClusterClient::sample`] moves the window bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,6 +102,14 @@ pub(super) struct DataPlaneState {
     /// Per shard, the incarnation that refused to connect over the
     /// transport: its rows are gathered until it restarts.
     gather_only: Vec<Option<u64>>,
+    /// Per shard, until when its rows are gathered after a failed connect.
+    connect_backoff: Vec<Option<Instant>>,
+    /// A batch buffer of at least this many bytes failed to register:
+    /// such batches are gathered until the instant given.
+    register_backoff: Option<(u64, Instant)>,
+    /// The transport's session (from its endpoints), sent with ranged
+    /// draws so the shards keep this client's connections alive.
+    session: u64,
 }
 
 impl DataPlaneState {
@@ -202,6 +222,7 @@ impl ClusterClient {
                 };
                 st.connections = (0..self.shards.len()).map(|_| None).collect();
                 st.gather_only = vec![None; self.shards.len()];
+                st.connect_backoff = vec![None; self.shards.len()];
             }
             if st.transport.is_none() {
                 return false;
@@ -209,7 +230,24 @@ impl ClusterClient {
         }
         // A request the shards would refuse goes the gather way, so it is
         // refused exactly as there (and sizes no buffer here).
-        self.batch_bytes(request).is_some()
+        let Some(bytes) = self.batch_bytes(request) else { return false };
+        // The batch buffer must be registered (pinned) first; where that
+        // fails, the shards gather.
+        let mut st = self.data_plane.lock();
+        let bytes = bytes + 8 * request.rows;
+        if st.register_backoff.is_some_and(|(failed, until)| bytes >= failed && Instant::now() < until) {
+            return false;
+        }
+        match self.ensure_buffer(&mut st, bytes) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "gear-net: a batch buffer of {bytes} bytes cannot be registered with the data plane ({e}); the shards gather such batches for {RETRY_AFTER:?}"
+                );
+                st.register_backoff = Some((bytes, Instant::now() + RETRY_AFTER));
+                false
+            }
+        }
     }
 
     /// Bytes of one batch of `request`; `None` if the spec cannot be had or
@@ -291,32 +329,48 @@ impl ClusterClient {
             let _ = transport.disconnect(&old.handle);
         }
         let pending = transport.prepare_connection(shard as u32)?;
-        let mut c = self.shards[shard].clone();
-        let reply = self
-            .runtime
-            .block_on(c.connect_data_plane(request_from_endpoint(&pending.endpoint)))
-            .map_err(|s| status(shard, s))?
-            .into_inner();
-        let mut remote = remote_from_reply(&reply).map_err(|what| Error::Malformed { shard, what })?;
-        if let RemoteAccess::Tcp { peer, .. } = &mut remote.access {
-            // The data service shares the shard's gRPC port: dial the
-            // address this client reaches the shard at, not the one the
-            // shard listens on (0.0.0.0, a private name).
-            peer.address = self.config.shards[shard].clone();
-        }
+        let session = pending.endpoint.session();
+        let answer = (|| {
+            let mut c = self.shards[shard].clone();
+            let reply = self
+                .runtime
+                .block_on(c.connect_data_plane(request_from_endpoint(&pending.endpoint)))
+                .map_err(|s| status(shard, s))?
+                .into_inner();
+            let mut remote = remote_from_reply(&reply).map_err(|what| Error::Malformed { shard, what })?;
+            if let RemoteAccess::Tcp { peer, .. } = &mut remote.access {
+                // The data service shares the shard's gRPC port: dial the
+                // address this client reaches the shard at, not the one the
+                // shard listens on (0.0.0.0, a private name).
+                peer.address = self.config.shards[shard].clone();
+            }
+            Ok::<_, Error>((reply.incarnation, remote))
+        })();
+        let (incarnation, remote) = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                // No answer to connect with: free what was prepared.
+                let _ = transport.abort(pending);
+                return Err(e);
+            }
+        };
         let handle = transport.connect(pending, &remote)?;
-        st.connections[shard] = Some(Connection { incarnation: reply.incarnation, handle });
+        st.connections[shard] = Some(Connection { incarnation, handle });
+        st.session = session;
         Ok(())
     }
 
     /// Draws of `counts[s]` rows from each shard `s`, at once: ranged
     /// (`ranges`: the shards reply with where the windows are) or gathered
     /// (the shards reply with the windows' bytes).
+    /// `session` is the transport's (0 before the first connection), sent
+    /// with ranged draws.
     fn draw(
         &self,
         request: &ClusterSample,
         counts: &[(usize, u64)],
         ranges: bool,
+        session: u64,
     ) -> Vec<(usize, u64, std::result::Result<SampleReply, Error>)> {
         if counts.is_empty() {
             return Vec::new();
@@ -327,6 +381,7 @@ impl ClusterClient {
                 let mut c = self.shards[s].clone();
                 let mut req = sample_request(request, n, self.config.call_timeout, self.incarnation_of(s));
                 req.ranges = ranges;
+                req.data_plane_session = if ranges { session } else { 0 };
                 calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
             }
             let mut out = Vec::new();
@@ -393,15 +448,15 @@ impl ClusterClient {
                 batch.lost.push(LostShard { shard: s, reason });
                 masses[s] = 0.0;
             };
-            for (s, n, reply) in self.draw(request, &ranged, true) {
-                let connected = reply.and_then(|r| match self.connection(&mut st, s, r.incarnation) {
-                    Ok(()) => Ok(Some(r)),
-                    // It does not serve this transport: gather its rows.
-                    Err(Error::Status { status: e, .. }) if e.code() == tonic::Code::FailedPrecondition => {
-                        self.mark_gather_only(&mut st, s, r.incarnation, e.message());
-                        Ok(None)
+            let session = st.session;
+            for (s, n, reply) in self.draw(request, &ranged, true, session) {
+                let connected = reply.map(|r| match self.connection(&mut st, s, r.incarnation) {
+                    Ok(()) => Some(r),
+                    // No connection: gather its rows.
+                    Err(e) => {
+                        self.note_connect_failure(&mut st, s, r.incarnation, &e);
+                        None
                     }
-                    Err(e) => Err(e),
                 });
                 match connected {
                     Ok(Some(reply)) => {
@@ -413,7 +468,7 @@ impl ClusterClient {
                     Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut batch),
                 }
             }
-            for (s, n, reply) in self.draw(request, &gathered, false) {
+            for (s, n, reply) in self.draw(request, &gathered, false, 0) {
                 match reply {
                     Ok(reply) => {
                         self.note_sample_mass(s, &reply);
@@ -441,19 +496,37 @@ impl ClusterClient {
     }
 
     /// Whether `shard`'s rows are gathered: it refused to connect over the
-    /// transport in the incarnation it answered `Info` with this batch.
+    /// transport in the incarnation it answered `Info` with this batch, or
+    /// a connect failed less than [`RETRY_AFTER`] ago.
     fn is_gather_only(&self, st: &DataPlaneState, shard: usize) -> bool {
+        if st.connect_backoff[shard].is_some_and(|until| Instant::now() < until) {
+            return true;
+        }
         let known = self.state.lock()[shard].incarnation;
         st.gather_only[shard].is_some_and(|refused| known == Some(refused))
     }
 
-    fn mark_gather_only(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64, reason: &str) {
+    /// A connect to `shard` failed with `e`: gather its rows, for its
+    /// incarnation when it does not serve the transport, else for
+    /// [`RETRY_AFTER`].
+    fn note_connect_failure(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64, e: &Error) {
         let kind = st.transport.as_ref().map_or("the transport", |t| t.kind().name());
-        eprintln!(
-            "gear-net: shard {shard} ({}) does not serve {kind} ({reason}); its rows are gathered by the shard",
-            self.config.shards[shard]
-        );
-        st.gather_only[shard] = Some(incarnation);
+        let address = &self.config.shards[shard];
+        match e {
+            Error::Status { status, .. } if status.code() == tonic::Code::FailedPrecondition => {
+                eprintln!(
+                    "gear-net: shard {shard} ({address}) does not serve {kind} ({}); its rows are gathered by the shard",
+                    status.message()
+                );
+                st.gather_only[shard] = Some(incarnation);
+            }
+            e => {
+                eprintln!(
+                    "gear-net: shard {shard} ({address}): {kind} connect failed ({e}); its rows are gathered by the shard for {RETRY_AFTER:?}"
+                );
+                st.connect_backoff[shard] = Some(Instant::now() + RETRY_AFTER);
+            }
+        }
     }
 
     /// The spec, from the first shard that answers.
@@ -570,7 +643,7 @@ impl ClusterClient {
                     None => counts.push((rows[r].shard, 1)),
                 }
             }
-            for (s, _, reply) in self.draw(request, &counts, true) {
+            for (s, _, reply) in self.draw(request, &counts, true, st.session) {
                 let targets: Vec<usize> = torn.iter().copied().filter(|&r| rows[r].shard == s).collect();
                 match reply {
                     Ok(reply) => {

@@ -114,7 +114,34 @@ impl DataPlaneServer {
                 _ => return Err(Status::failed_precondition(format!("this shard does not serve {}", kind.name()))),
             },
         };
-        remote.map(|r| reply_from_remote(&r)).map_err(|e| Status::invalid_argument(e.to_string()))
+        remote.map(|r| reply_from_remote(&r)).map_err(|e| accept_status(&e))
+    }
+
+    /// Notes that the client with `session` still uses its connection
+    /// (it asked for a ranged draw): a transport server that bounds its
+    /// connections reaps idle ones first.
+    pub fn keep_alive(&self, session: u64) {
+        if let Some((server, exposed)) = &self.other {
+            server.keep_alive(exposed, session);
+        }
+    }
+}
+
+/// The status a failed accept answers with. Only a malformed endpoint is
+/// the request's fault (`INVALID_ARGUMENT`); the rest are the shard's
+/// state, for which a client gathers that shard's rows instead:
+/// no room for the client's queue pairs (`RESOURCE_EXHAUSTED`), a
+/// transport this shard cannot serve (`FAILED_PRECONDITION`), a device or
+/// region that failed or went away (`UNAVAILABLE`).
+fn accept_status(e: &gear_core::Error) -> Status {
+    use gear_core::Error as E;
+    let msg = format!("data plane connect: {e}");
+    match e {
+        E::Descriptor(_) => Status::invalid_argument(msg),
+        E::Exhausted(_) => Status::resource_exhausted(msg),
+        E::TransportUnavailable(_) | E::Unsupported(_) => Status::failed_precondition(msg),
+        E::Transport(_) | E::InvalidHandle(_) | E::Timeout(_) | E::Busy(_) => Status::unavailable(msg),
+        _ => Status::internal(msg),
     }
 }
 
@@ -139,6 +166,9 @@ impl ShardService {
             return Err(Status::failed_precondition("this shard has no data plane"));
         }
         let spec = self.table.spec();
+        if let Some(dp) = &self.data_plane {
+            dp.keep_alive(req.data_plane_session);
+        }
         let (window, columns) = crate::convert::sample_shape(spec, &req)?;
         let timeout = Some(Duration::from_millis(req.timeout_ms.clamp(1, 600_000)));
         let table = self.table.clone();
@@ -168,5 +198,23 @@ impl ShardService {
                 })
                 .collect(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_failures_answer_with_the_status_of_their_cause() {
+        use gear_core::Error as E;
+        let code = |e: E| accept_status(&e).code();
+        assert_eq!(code(E::Descriptor("gid".into())), tonic::Code::InvalidArgument);
+        assert_eq!(code(E::Exhausted("queue pairs".into())), tonic::Code::ResourceExhausted);
+        assert_eq!(code(E::TransportUnavailable("no device".into())), tonic::Code::FailedPrecondition);
+        assert_eq!(code(E::Transport("ibv_create_qp failed".into())), tonic::Code::Unavailable);
+        assert_eq!(code(E::InvalidHandle("region 1 was withdrawn".into())), tonic::Code::Unavailable);
+        let status = accept_status(&E::Exhausted("the server holds 4096 queue pairs".into()));
+        assert!(status.message().contains("4096 queue pairs"), "{}", status.message());
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use gear_core::{ExposedRegion, HeapRegion, RemoteHandle, Transport, TransportServer};
+use gear_core::{ExposedRegion, HeapRegion, ReadOp, RemoteHandle, Transport, TransportServer};
 use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaTransport};
 
 /// A test region of `len` bytes, byte `i` being `fill(i)` (gear-core's
@@ -63,4 +63,19 @@ pub fn connect(client: &RdmaTransport<InProcessVerbs>, shard: &Shard) -> RemoteH
     let pending = client.prepare_connection(shard.exposed.shard()).unwrap();
     let remote = shard.server.accept(&shard.exposed, &pending.endpoint).unwrap();
     client.connect(pending, &remote).unwrap()
+}
+
+/// Checks that every op not in `failed` holds the bytes of shard `shard`'s
+/// region it read; callers have waited for the reads.
+pub fn check_landed(shard: u32, local: &HeapRegion, ops: &[ReadOp], failed: &[u32]) {
+    let bytes = snapshot(local);
+    for (i, op) in ops.iter().enumerate() {
+        if failed.contains(&(i as u32)) {
+            continue;
+        }
+        for k in 0..op.len as usize {
+            let want = pattern(shard, op.remote_offset as usize + k);
+            assert_eq!(bytes[op.local_offset as usize + k], want, "op {i} byte {k}");
+        }
+    }
 }
