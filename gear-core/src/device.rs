@@ -92,6 +92,18 @@ pub struct Launch<'a> {
     pub indirect: &'a [Indirect],
 }
 
+/// Checks that `bytes` bytes from `offset` lie in a buffer of `len` bytes,
+/// for an operation named `what` (the error names it and the range).
+pub fn check_range(len: u64, offset: u64, bytes: u64, what: &str) -> crate::Result<()> {
+    if offset.checked_add(bytes).is_none_or(|end| end > len) {
+        return Err(crate::Error::Device(format!(
+            "{what}: bytes {offset}..{} outside a {len}-byte buffer",
+            offset.saturating_add(bytes)
+        )));
+    }
+    Ok(())
+}
+
 /// A buffer a kernel can address: device memory, or page-locked host
 /// memory mapped for the device.
 pub trait DeviceBuffer: Send + Sync {

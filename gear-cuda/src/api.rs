@@ -76,13 +76,7 @@ impl DeviceBuffer for PinnedMemory {
 }
 
 fn check_range(len: u64, offset: u64, bytes: u64, what: &str) -> Result<()> {
-    if offset.checked_add(bytes).is_none_or(|end| end > len) {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: bytes {offset}..{} outside a {len}-byte buffer",
-            offset.saturating_add(bytes)
-        )));
-    }
-    Ok(())
+    Ok(gear_core::device::check_range(len, offset, bytes, what)?)
 }
 
 impl Device<CudaApi> for CudaDevice {
