@@ -73,6 +73,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "madvise is a system call Miri cannot make (the function returns false there)")]
     fn advice_keeps_contents_and_ignores_what_it_cannot_take() {
         let mut v = vec![7u8; 3 * HUGE_PAGE + 123];
         // Accepted or not (kernels without THP refuse), contents stay.
