@@ -49,7 +49,7 @@ pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
 pub use table::{
     latest_checkpoint, AttachOptions, CheckpointReport, CommittedTrajectory, PoolConfig, ReplayTable, SlotCounts,
-    TableBuilder, TableInfo,
+    TableBuilder, TableInfo, WaitStats,
 };
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 

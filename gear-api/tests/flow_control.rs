@@ -168,3 +168,55 @@ fn max_times_sampled_removes_at_the_right_count() {
     }
     assert_eq!(table.info().unwrap().evictions, 0);
 }
+
+#[test]
+fn this_process_waits_are_counted_by_kind() {
+    let table = ReplayTable::builder(spec(4)).queue(2).unwrap().build().unwrap();
+    assert_eq!(table.wait_stats(), gear_api::WaitStats::default());
+    // No wait: one free place in the queue, then one item to sample.
+    insert(&table, 1, Some(SHORT)).unwrap();
+    sample_xs(&table, 1, Some(SHORT)).unwrap();
+    assert_eq!(table.wait_stats(), gear_api::WaitStats::default(), "calls that did not wait count nothing");
+    // A sampler on the empty queue waits (and times out); a writer on the
+    // full queue waits (and times out).
+    assert!(matches!(sample_xs(&table, 1, Some(SHORT)), Err(Error::Timeout { .. })));
+    insert(&table, 2, Some(SHORT)).unwrap();
+    insert(&table, 3, Some(SHORT)).unwrap();
+    assert!(matches!(insert(&table, 4, Some(SHORT)), Err(Error::Timeout { .. })));
+    let w = table.wait_stats();
+    assert_eq!((w.insert_waits, w.sample_waits), (1, 1), "{w:?}");
+    assert!(w.insert_wait >= SHORT && w.sample_wait >= SHORT, "{w:?}");
+    // A clone shares the counts; the table-wide figures include them.
+    assert_eq!(table.clone().wait_stats(), w);
+    let info = table.info().unwrap();
+    assert!(info.insert_wait >= w.insert_wait && info.sample_wait >= w.sample_wait);
+}
+
+#[test]
+fn takes_of_a_held_table_lock_are_counted() {
+    let table = ReplayTable::builder(spec(4)).build().unwrap();
+    insert(&table, 1, None).unwrap();
+    assert_eq!(table.wait_stats().lock_waits, 0, "nothing contended yet");
+    // One thread holds the lock for a few milliseconds at a time (a long
+    // list of stale priority updates is walked under it) while another
+    // takes it for `info`, until a take finds it held.
+    let stale: Vec<(SlotKey, f64)> = (0..1_000_000).map(|_| (SlotKey { slot: 0, generation: 7 }, 1.0)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holder = {
+        let (table, stop) = (table.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(table.update_priorities(&stale).unwrap(), 0);
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while table.wait_stats().lock_waits == 0 && std::time::Instant::now() < deadline {
+        table.info().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    holder.join().unwrap();
+    let w = table.wait_stats();
+    assert!(w.lock_waits > 0 && w.lock_wait > Duration::ZERO, "no contended take was counted: {w:?}");
+    assert_eq!((w.insert_waits, w.sample_waits), (0, 0));
+}

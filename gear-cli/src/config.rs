@@ -1,7 +1,9 @@
-//! Table configuration files for `gear serve --config FILE` (TOML):
+//! Configuration files for `gear serve --config FILE` (TOML). One table,
+//! with its keys at the top level:
 //!
 //! ```toml
-//! name = "atari"                 # shared-memory name processes attach by
+//! name = "atari"                 # the table's name: shared memory and clients
+//! # shm_name = "atari-0"         # shared-memory name, if not `name`
 //! # dir = "/dev/shm"             # where the backing file goes
 //! max_len = 128                  # T, steps per trajectory
 //! capacity = 2048                # trajectories
@@ -50,7 +52,50 @@
 //! # max_queue_pairs = 4096       # bounds on clients' queue pairs
 //! # max_queue_pairs_per_client = 256
 //! # idle_timeout_ms = 60000      # idle connections are reaped for room
+//!
+//! [metrics]                      # optional: Prometheus text on GET /metrics
+//! listen = "127.0.0.1:9090"
 //! ```
+//!
+//! Or several tables, one `[[tables]]` entry each (the keys above, without
+//! `[grpc]` and `[metrics]`, which stay at the top level); clients name
+//! the table they use (a cluster file's `table`):
+//!
+//! ```toml
+//! [[tables]]
+//! name = "replay"
+//! max_len = 64
+//! capacity = 4096
+//! [[tables.columns]]
+//! name = "obs"
+//! dtype = "f32"
+//! shape = [8]
+//! [tables.sampler]
+//! kind = "prioritized"
+//!
+//! [[tables]]
+//! name = "queue"
+//! max_len = 64
+//! capacity = 256
+//! max_times_sampled = 1
+//! [[tables.columns]]
+//! name = "obs"
+//! dtype = "f32"
+//! shape = [8]
+//! [tables.sampler]
+//! kind = "fifo"
+//! [tables.rate_limiter]
+//! queue = 256
+//!
+//! [grpc]
+//! listen = "0.0.0.0:50051"
+//! shard = 0
+//! ```
+//!
+//! Checkpoints of a `[[tables]]` file go into one subdirectory of
+//! `--checkpoint-dir` per table name, and `--restore DIR` reads each table
+//! from `DIR/<name>` (a file or a checkpoint directory); a one-table file
+//! keeps using the directory itself.
 
 use gear_api::{Error, Result};
 use gear_api::{PoolConfig, RateLimiterConfig, ReplayTable, TableBuilder};
@@ -63,8 +108,12 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TableConfig {
-    /// Shared-memory name.
+    /// The table's name: what clients name it by, and its shared-memory
+    /// name unless `shm_name` is given.
     pub name: String,
+    /// Shared-memory name, if not `name` (several servers on one machine
+    /// serving tables of one name need distinct ones).
+    pub shm_name: Option<String>,
     /// Directory of the backing file (default `/dev/shm`).
     pub dir: Option<PathBuf>,
     /// Maximum trajectory length T.
@@ -88,8 +137,114 @@ pub struct TableConfig {
     pub remover: Option<StrategyConfig>,
     /// Flow control (default: sample once one item exists).
     pub rate_limiter: Option<LimiterConfig>,
-    /// Serve the table to remote clients over gRPC.
+    /// Serve the table to remote clients over gRPC (a one-table file).
     pub grpc: Option<gear_net::ServerConfig>,
+    /// Serve metrics over HTTP (a one-table file).
+    pub metrics: Option<gear_net::MetricsConfig>,
+}
+
+/// What `gear serve --config FILE` serves: one table or several, and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServeConfig {
+    /// The tables, in the file's order (their `grpc` and `metrics` are
+    /// `None`: those are the server's, below).
+    pub tables: Vec<TableConfig>,
+    /// Serve the tables to remote clients over gRPC.
+    pub grpc: Option<gear_net::ServerConfig>,
+    /// Serve metrics over HTTP.
+    pub metrics: Option<gear_net::MetricsConfig>,
+    /// Whether the file lists its tables under `[[tables]]`: their
+    /// checkpoints then go into a subdirectory per table (module doc).
+    pub several: bool,
+}
+
+/// A `[[tables]]` file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TablesFile {
+    tables: Vec<TableConfig>,
+    grpc: Option<gear_net::ServerConfig>,
+    metrics: Option<gear_net::MetricsConfig>,
+}
+
+/// Reads the config file at `path` and parses it with `parse`; errors
+/// name the file.
+fn load_with<T>(path: &Path, parse: impl FnOnce(&str) -> Result<T>) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
+    parse(&text).map_err(|e| Error::Config(format!("{}: {}", path.display(), strip_config_prefix(&e))))
+}
+
+impl ServeConfig {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        load_with(path, Self::parse)
+    }
+
+    /// Parses config text: `[[tables]]` entries, or one table's keys at the
+    /// top level.
+    pub fn parse(text: &str) -> Result<Self> {
+        if !has_tables_array(text)? {
+            let mut table = TableConfig::parse(text)?;
+            let (grpc, metrics) = (table.grpc.take(), table.metrics.take());
+            return Ok(ServeConfig { tables: vec![table], grpc, metrics, several: false });
+        }
+        let file: TablesFile = toml::from_str(text).map_err(|e| {
+            let msg = e.to_string();
+            if msg.contains("unknown field") && msg.contains("expected one of `tables`") {
+                return Error::Config(format!(
+                    "{}\nwith [[tables]], each table's keys go inside its [[tables]] entry; only [grpc] and \
+                     [metrics] stay at the top level",
+                    msg.trim_end()
+                ));
+            }
+            Error::Config(msg)
+        })?;
+        if file.tables.is_empty() {
+            return Err(Error::Config("`tables` lists no table".into()));
+        }
+        let mut shm_names: Vec<&str> = Vec::new();
+        for (i, t) in file.tables.iter().enumerate() {
+            let at = |what: String| Error::Config(format!("[[tables]] entry {} (`{}`): {what}", i + 1, t.name));
+            gear_net::server::check_table_name(&t.name).map_err(|e| at(strip_net_prefix(e)))?;
+            if file.tables[..i].iter().any(|o| o.name == t.name) {
+                return Err(at("another entry has the same name".into()));
+            }
+            if t.grpc.is_some() || t.metrics.is_some() {
+                return Err(at("[grpc] and [metrics] belong at the top level, not inside a table".into()));
+            }
+            if shm_names.contains(&t.shm()) {
+                return Err(at(format!("shared-memory name `{}` is another entry's too; give a `shm_name`", t.shm())));
+            }
+            shm_names.push(t.shm());
+        }
+        if let Some(grpc) = &file.grpc {
+            check_rdma(&grpc.rdma, "grpc.")?;
+        }
+        Ok(ServeConfig { tables: file.tables, grpc: file.grpc, metrics: file.metrics, several: true })
+    }
+}
+
+/// Whether the text's top level has a `tables` key (a `[[tables]]` file).
+fn has_tables_array(text: &str) -> Result<bool> {
+    let top: toml::Table = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+    Ok(top.contains_key("tables"))
+}
+
+/// `e`'s message without the "invalid configuration: " its type prefixes,
+/// for errors that wrap it in another configuration error.
+fn strip_config_prefix(e: &Error) -> String {
+    match e {
+        Error::Config(what) => what.clone(),
+        e => e.to_string(),
+    }
+}
+
+fn strip_net_prefix(e: gear_net::Error) -> String {
+    match e {
+        gear_net::Error::Config(what) => what,
+        e => e.to_string(),
+    }
 }
 
 /// One column.
@@ -154,20 +309,30 @@ pub fn check_rdma(settings: &gear_net::RdmaSettings, prefix: &str) -> Result<()>
 }
 
 impl TableConfig {
-    /// Reads and checks a config file.
+    /// Reads and checks a one-table config file (a `[[tables]]` file is
+    /// refused: read it with [`ServeConfig::load`]).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+        load_with(path, Self::parse)
     }
 
-    /// Parses config text.
+    /// Parses one-table config text.
     pub fn parse(text: &str) -> Result<Self> {
+        if has_tables_array(text)? {
+            return Err(Error::Config(
+                "this config lists several tables ([[tables]]); this command reads a one-table config".into(),
+            ));
+        }
         let config: TableConfig = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        gear_net::server::check_table_name(&config.name).map_err(|e| Error::Config(strip_net_prefix(e)))?;
         if let Some(grpc) = &config.grpc {
             check_rdma(&grpc.rdma, "grpc.")?;
         }
         Ok(config)
+    }
+
+    /// The shared-memory name: `shm_name`, else `name`.
+    pub fn shm(&self) -> &str {
+        self.shm_name.as_deref().unwrap_or(&self.name)
     }
 
     /// The table spec.
@@ -196,7 +361,7 @@ impl TableConfig {
     pub fn builder(&self) -> Result<TableBuilder> {
         let (sampler, params) = self.strategy()?;
         let mut b = ReplayTable::builder(self.spec()?)
-            .pool(PoolConfig::Shared { name: self.name.clone(), dir: self.dir.clone() })
+            .pool(PoolConfig::Shared { name: self.shm().to_owned(), dir: self.dir.clone() })
             .sampler_kind(sampler, params)
             .seed(self.seed)
             .sample_while_writing(self.sample_while_writing);
@@ -296,6 +461,68 @@ error_buffer = 16.0
         assert!(e("traffic_class = 256").contains("traffic_class"), "{}", e("traffic_class = 256"));
         let bound = e("max_queue_pairs = 0");
         assert!(bound.contains("grpc.rdma.max_queue_pairs is 0"), "{bound}");
+    }
+
+    /// Two tables as `[[tables]]` entries (keys of EXAMPLE, prefixed):
+    /// `replay` and `second` with `entry` added to its keys, then `file`.
+    fn two_tables(second: &str, entry: &str, file: &str) -> String {
+        let table = |name: &str, extra: &str| {
+            EXAMPLE
+                .replace("name = \"t\"", &format!("name = \"{name}\"\n{extra}"))
+                .replace("[[columns]]", "[[tables.columns]]")
+                .replace("[sampler]", "[tables.sampler]")
+                .replace("[rate_limiter]", "[tables.rate_limiter]")
+        };
+        format!("[[tables]]{}\n[[tables]]{}{file}", table("replay", ""), table(second, entry))
+    }
+
+    #[test]
+    fn a_one_table_config_serves_its_table_under_its_name() {
+        let c = ServeConfig::parse(&format!("{EXAMPLE}{GRPC}[metrics]\nlisten = \"127.0.0.1:9090\"\n")).unwrap();
+        assert!(!c.several);
+        assert_eq!(c.tables.len(), 1);
+        assert_eq!((c.tables[0].name.as_str(), c.tables[0].shm()), ("t", "t"));
+        assert_eq!(c.grpc.unwrap().shard, 1);
+        assert_eq!(c.metrics.unwrap().listen, "127.0.0.1:9090".parse().unwrap());
+        assert!(c.tables[0].grpc.is_none() && c.tables[0].metrics.is_none());
+        assert_eq!(TableConfig::parse(EXAMPLE).unwrap(), ServeConfig::parse(EXAMPLE).unwrap().tables[0]);
+    }
+
+    #[test]
+    fn tables_entries_parse_each_with_its_own_keys() {
+        let text = two_tables("queue", "shm_name = \"queue-0\"", GRPC);
+        let c = ServeConfig::parse(&text).unwrap();
+        assert!(c.several);
+        let names: Vec<_> = c.tables.iter().map(|t| (t.name.as_str(), t.shm())).collect();
+        assert_eq!(names, [("replay", "replay"), ("queue", "queue-0")]);
+        assert_eq!(c.grpc.unwrap().shard, 1);
+        for t in &c.tables {
+            t.builder().unwrap();
+            assert_eq!(t.spec().unwrap().columns().len(), 2);
+            assert_eq!(t.sampler.kind, "prioritized");
+        }
+        // A one-table reader refuses such a file, saying why.
+        let e = TableConfig::parse(&text).unwrap_err().to_string();
+        assert!(e.contains("several tables"), "{e}");
+    }
+
+    #[test]
+    fn bad_tables_entries_name_the_entry_and_the_problem() {
+        let e = |t: &str| ServeConfig::parse(t).unwrap_err().to_string();
+        let same = e(&two_tables("replay", "", ""));
+        assert!(same.contains("entry 2 (`replay`)") && same.contains("same name"), "{same}");
+        let bad = e(&two_tables("a/b", "", ""));
+        assert!(bad.contains("table name `a/b` is invalid"), "{bad}");
+        let shm = e(&two_tables("queue", "shm_name = \"replay\"", ""));
+        assert!(shm.contains("shared-memory name `replay`"), "{shm}");
+        let inside = e(&two_tables("queue", "", "[tables.grpc]\nlisten = \"127.0.0.1:0\"\nshard = 0\n"));
+        assert!(inside.contains("belong at the top level"), "{inside}");
+        let mixed = e(&format!("max_len = 3\n{}", two_tables("queue", "", "")));
+        assert!(mixed.contains("unknown field `max_len`") && mixed.contains("inside its [[tables]] entry"), "{mixed}");
+        assert!(e("tables = []").contains("no table"));
+        // A bad key inside an entry is reported with its line.
+        let typo = e(&two_tables("queue", "", "").replace("capacity = 8", "capacityy = 8"));
+        assert!(typo.contains("capacityy") && typo.contains("line"), "{typo}");
     }
 
     #[test]

@@ -136,12 +136,12 @@ fn served(args: &TableArgs) -> Result<Option<ReplayTable>, String> {
     let path = args.config.as_deref().ok_or("give --config or --table")?;
     let cfg = TableConfig::load(path).map_err(e)?;
     let dir = cfg.dir.clone().unwrap_or_else(|| PathBuf::from("/dev/shm"));
-    if !dir.join(&cfg.name).exists() {
+    if !dir.join(cfg.shm()).exists() {
         return Ok(None);
     }
     let opts =
         AttachOptions { dir: cfg.dir.clone(), expected: Some(cfg.spec().map_err(e)?), ..AttachOptions::default() };
-    let t = ReplayTable::attach(&cfg.name, opts).map_err(|err| format!("table `{}`: {err}", cfg.name))?;
+    let t = ReplayTable::attach(cfg.shm(), opts).map_err(|err| format!("table `{}`: {err}", cfg.shm()))?;
     Ok(Some(t))
 }
 

@@ -15,7 +15,7 @@ mod persist;
 mod progress;
 
 use crate::bench::{run_bench, run_bench_processes, BenchConfig};
-use crate::config::TableConfig;
+use crate::config::{ServeConfig, TableConfig};
 use crate::demo::{run_demo, DemoConfig};
 use crate::progress::Progress;
 use clap::{Parser, Subcommand};
@@ -98,10 +98,12 @@ enum Command {
         #[arg(long, default_value = "auto", value_parser = crate::cluster_bench::parse_data_plane)]
         data_plane: gear_net::DataPlane,
     },
-    /// Creates the shared table a TOML config describes and serves it until
-    /// interrupted: reclaims dead writers' slots and prints its counters.
+    /// Creates the shared tables a TOML config describes (one, or several
+    /// under `[[tables]]`) and serves them until interrupted: reclaims dead
+    /// writers' slots and prints their counters; answers remote clients
+    /// with `[grpc]`, Prometheus scrapes with `[metrics]`.
     Serve {
-        /// The table config (see `gear-cli/src/config.rs`).
+        /// The config (see `gear-cli/src/config.rs` and docs/CONFIG.md).
         #[arg(long)]
         config: PathBuf,
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
@@ -111,11 +113,24 @@ enum Command {
         persistence: ServePersistence,
     },
     /// Reads a cluster file (shard addresses, token, TLS; see
-    /// `gear-cli/src/cluster_config.rs`) and prints every shard's counters.
+    /// `gear-cli/src/cluster_config.rs`) and prints every shard's tables
+    /// and their counters (only the file's `table` if it names one).
     ClusterInfo {
         /// The cluster file.
         #[arg(long)]
         cluster: PathBuf,
+        /// Print the figures live: every second, per shard and table, with
+        /// rates (inserts, rows sampled, MB in and out) since the last
+        /// refresh and the rate-limiter and lock waits.
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: seconds between refreshes.
+        #[arg(long, default_value_t = 1.0, value_parser = seconds_arg, requires = "watch")]
+        interval: f64,
+        /// With --watch: stop after this many refreshes (default: until
+        /// interrupted).
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
     },
     /// Imports an HDF5 dataset (D4RL or Minari layout) into the table a
     /// config names: the served one, or a new one written to --checkpoint.
@@ -374,7 +389,14 @@ fn main() -> ExitCode {
             })
         }
         Command::Serve { config, seconds, persistence } => serve(&config, seconds, &persistence),
-        Command::ClusterInfo { cluster } => crate::cluster_config::cluster_info(&cluster),
+        Command::ClusterInfo { cluster, watch, interval, count } => {
+            let interval = match positive_seconds(interval) {
+                Ok(d) => d,
+                Err(code) => return code,
+            };
+            let options = crate::cluster_config::InfoOptions { watch, interval, count };
+            crate::cluster_config::cluster_info(&cluster, options)
+        }
         Command::Import(args) => return import::import(&args),
         Command::Export(args) => return import::export(&args),
         Command::DeviceSoak { backend, config, json } => return device_soak(&backend, &config, json),
@@ -509,11 +531,13 @@ fn finish(result: Result<()>) -> ExitCode {
 #[derive(clap::Args, Debug)]
 struct ServePersistence {
     /// Start from this checkpoint (a file, or a directory whose newest
-    /// checkpoint is read).
+    /// checkpoint is read). With `[[tables]]`: a directory holding each
+    /// table's under its name, as --checkpoint-dir writes them.
     #[arg(long)]
     restore: Option<PathBuf>,
     /// Write numbered checkpoints here: every --checkpoint-every seconds, on
-    /// SIGUSR1 and at shutdown.
+    /// SIGUSR1 and at shutdown. With `[[tables]]`: into a subdirectory per
+    /// table name.
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
     /// Seconds between checkpoints (needs --checkpoint-dir).
@@ -530,15 +554,45 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
+/// Where table `cfg` of `config` is restored from: the `--restore` path of
+/// a one-table config, `DIR/<name>` of a `[[tables]]` one.
+fn restore_path(config: &ServeConfig, cfg: &TableConfig, restore: &std::path::Path) -> Result<PathBuf> {
+    if !config.several {
+        return Ok(restore.to_owned());
+    }
+    let path = restore.join(&cfg.name);
+    if !path.exists() {
+        return Err(gear_api::Error::Config(format!(
+            "--restore {}: no checkpoint of table `{}` ({} does not exist); a config with [[tables]] restores \
+             each table from the subdirectory (or file) of its name, as --checkpoint-dir writes them",
+            restore.display(),
+            cfg.name,
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
 fn serve(config: &std::path::Path, seconds: Option<f64>, persistence: &ServePersistence) -> Result<()> {
-    let cfg = TableConfig::load(config)?;
-    let table = match &persistence.restore {
-        Some(path) => cfg.builder()?.restore(path)?,
-        None => cfg.builder()?.build()?,
-    };
+    let cfg = ServeConfig::load(config)?;
+    let mut tables = Vec::with_capacity(cfg.tables.len());
+    for t in &cfg.tables {
+        let table = match &persistence.restore {
+            Some(restore) => {
+                let path = restore_path(&cfg, t, restore)?;
+                let table = t.builder()?.restore(&path)?;
+                println!("table `{}`: restored {} trajectories from {}", t.name, table.info()?.size, path.display());
+                table
+            }
+            None => t.builder()?.build()?,
+        };
+        tables.push(table);
+    }
     let mut schedule = persistence.checkpoint_dir.as_ref().map(|dir| {
         let every = persistence.checkpoint_every.and_then(|s| Duration::try_from_secs_f64(s).ok());
-        persist::CheckpointSchedule::new(dir.clone(), every, persistence.keep)
+        // A [[tables]] config: a subdirectory per table.
+        let dirs = cfg.tables.iter().map(|t| if cfg.several { dir.join(&t.name) } else { dir.clone() }).collect();
+        persist::CheckpointSchedule::new(dirs, every, persistence.keep)
     });
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is
@@ -546,58 +600,84 @@ fn serve(config: &std::path::Path, seconds: Option<f64>, persistence: &ServePers
         // expects.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
+    let net = |e: gear_net::Error| gear_api::Error::Backend(Box::new(e));
+    let named = cfg
+        .tables
+        .iter()
+        .zip(&tables)
+        .map(|(t, table)| {
+            let (kind, params) = t.strategy()?;
+            Ok(gear_net::NamedTable::new(t.name.clone(), table.clone(), gear_net::StrategyInfo { kind, params }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let served = gear_net::ServedTables::new(named).map_err(net)?;
+    let metrics = match &cfg.metrics {
+        Some(m) => {
+            let server = gear_net::MetricsServer::start(m, served.clone()).map_err(net)?;
+            println!("metrics on http://{}/metrics", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
     let grpc = match &cfg.grpc {
         Some(g) => {
-            let (kind, params) = cfg.strategy()?;
-            let handle = gear_net::ServerHandle::start(table.clone(), g, gear_net::StrategyInfo { kind, params })
-                .map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
+            let handle = gear_net::ServerHandle::serve(served.clone(), g).map_err(net)?;
             println!("grpc listening on {} (shard {})", handle.local_addr(), g.shard);
             Some(handle)
         }
         None => None,
     };
-    let spec = table.spec();
-    println!(
-        "serving table `{}` ({} columns, T={}, capacity {}, {:.1} MB); stop with Ctrl-C",
-        cfg.name,
-        spec.columns().len(),
-        spec.max_len(),
-        spec.capacity(),
-        spec.data_bytes() as f64 / 1e6
-    );
+    for (t, table) in cfg.tables.iter().zip(&tables) {
+        let spec = table.spec();
+        let shm = if t.shm() == t.name { String::new() } else { format!(", shared memory `{}`", t.shm()) };
+        println!(
+            "serving table `{}` ({} columns, T={}, capacity {}, {:.1} MB{shm}); stop with Ctrl-C",
+            t.name,
+            spec.columns().len(),
+            spec.max_len(),
+            spec.capacity(),
+            spec.data_bytes() as f64 / 1e6
+        );
+    }
     let start = Instant::now();
     let until = seconds.and_then(|s| Duration::try_from_secs_f64(s).ok());
     let mut last = Instant::now();
     while !STOP.load(Ordering::Relaxed) && until.is_none_or(|u| start.elapsed() < u) {
         std::thread::sleep(Duration::from_millis(100));
         if let Some(s) = schedule.as_mut() {
-            s.tick(&table)?;
+            s.tick(&tables)?;
         }
         if last.elapsed() >= Duration::from_secs(1) {
             last = Instant::now();
-            let reclaimed = table.reclaim_dead()?;
-            let i = table.info()?;
-            eprintln!(
-                "[{:6.1}s] size {}/{} inserts {} samples {} evicted {} reclaimed {}{}",
-                start.elapsed().as_secs_f64(),
-                i.size,
-                i.capacity,
-                i.inserts,
-                i.samples,
-                i.evictions,
-                i.reclaimed,
-                if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
-            );
+            for (t, table) in cfg.tables.iter().zip(&tables) {
+                let reclaimed = table.reclaim_dead()?;
+                let i = table.info()?;
+                let name = if cfg.several { format!(" {}:", t.name) } else { String::new() };
+                eprintln!(
+                    "[{:6.1}s]{name} size {}/{} inserts {} samples {} evicted {} reclaimed {}{}",
+                    start.elapsed().as_secs_f64(),
+                    i.size,
+                    i.capacity,
+                    i.inserts,
+                    i.samples,
+                    i.evictions,
+                    i.reclaimed,
+                    if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
+                );
+            }
         }
     }
+    drop(metrics);
     if let Some(handle) = grpc {
-        handle.stop().map_err(|e| gear_api::Error::Backend(Box::new(e)))?;
+        handle.stop().map_err(net)?;
     }
     if let Some(s) = schedule.as_mut() {
-        s.finish(&table)?;
+        s.finish(&tables)?;
     }
-    table.close();
-    println!("table `{}` closed", cfg.name);
+    for (t, table) in cfg.tables.iter().zip(&tables) {
+        table.close();
+        println!("table `{}` closed", t.name);
+    }
     Ok(())
 }
 

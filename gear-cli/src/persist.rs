@@ -21,49 +21,54 @@ extern "C" fn on_sigusr1(_: libc::c_int) {
 /// When `gear serve` writes checkpoints, and where.
 #[derive(Debug)]
 pub struct CheckpointSchedule {
-    dir: PathBuf,
+    /// One directory per served table, in the server's order.
+    dirs: Vec<PathBuf>,
     every: Option<Duration>,
     keep: usize,
     last: Instant,
 }
 
 impl CheckpointSchedule {
-    /// Checkpoints into `dir` (numbered, the newest `keep` kept) every
-    /// `every`, on SIGUSR1 and at [`CheckpointSchedule::finish`].
-    pub fn new(dir: PathBuf, every: Option<Duration>, keep: usize) -> Self {
+    /// Checkpoints the server's tables, the `i`-th into `dirs[i]`
+    /// (numbered, the newest `keep` kept), every `every`, on SIGUSR1 and
+    /// at [`CheckpointSchedule::finish`].
+    pub fn new(dirs: Vec<PathBuf>, every: Option<Duration>, keep: usize) -> Self {
         // SAFETY: the handler only stores to an atomic, which is
         // async-signal-safe; the function pointer has the C ABI signal()
         // expects.
         unsafe { libc::signal(libc::SIGUSR1, on_sigusr1 as *const () as libc::sighandler_t) };
-        CheckpointSchedule { dir, every, keep, last: Instant::now() }
+        CheckpointSchedule { dirs, every, keep, last: Instant::now() }
     }
 
-    /// Writes a checkpoint if one is due or was asked for by SIGUSR1.
-    pub fn tick(&mut self, table: &ReplayTable) -> Result<()> {
+    /// Writes a checkpoint of every table if one is due or was asked for
+    /// by SIGUSR1.
+    pub fn tick(&mut self, tables: &[ReplayTable]) -> Result<()> {
         let due = self.every.is_some_and(|e| self.last.elapsed() >= e);
         if CHECKPOINT_REQUESTED.swap(false, Ordering::Relaxed) || due {
-            self.write(table)?;
+            self.write(tables)?;
         }
         Ok(())
     }
 
-    /// The checkpoint at shutdown.
-    pub fn finish(&mut self, table: &ReplayTable) -> Result<()> {
-        self.write(table)
+    /// The checkpoints at shutdown.
+    pub fn finish(&mut self, tables: &[ReplayTable]) -> Result<()> {
+        self.write(tables)
     }
 
-    fn write(&mut self, table: &ReplayTable) -> Result<()> {
-        let r = table.checkpoint_into(&self.dir, self.keep)?;
+    fn write(&mut self, tables: &[ReplayTable]) -> Result<()> {
+        for (table, dir) in tables.iter().zip(&self.dirs) {
+            let r = table.checkpoint_into(dir, self.keep)?;
+            eprintln!(
+                "checkpoint {}: {} trajectories ({} dropped), {:.1} MB in {:.2?} (table paused {:.2?})",
+                r.path.display(),
+                r.trajectories,
+                r.dropped,
+                r.file_bytes as f64 / 1e6,
+                r.elapsed,
+                r.pause
+            );
+        }
         self.last = Instant::now();
-        eprintln!(
-            "checkpoint {}: {} trajectories ({} dropped), {:.1} MB in {:.2?} (table paused {:.2?})",
-            r.path.display(),
-            r.trajectories,
-            r.dropped,
-            r.file_bytes as f64 / 1e6,
-            r.elapsed,
-            r.pause
-        );
         Ok(())
     }
 }

@@ -48,6 +48,8 @@ fn with_deadline(seconds: u64, body: impl FnOnce() + Send + 'static) {
 struct ShardProcess {
     child: Child,
     addr: String,
+    /// The metrics endpoint, when the config has `[metrics]`.
+    metrics: Option<String>,
 }
 
 impl ShardProcess {
@@ -80,8 +82,14 @@ shard = {shard}
             ),
         )
         .unwrap();
+        Self::spawn(&config, token, &[]).unwrap()
+    }
+
+    /// `gear serve --config config ARGS`, once it listens; `Err` with its
+    /// stderr if it exits first.
+    fn spawn(config: &std::path::Path, token: Option<&str>, args: &[&std::ffi::OsStr]) -> Result<ShardProcess, String> {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gear"));
-        cmd.args(["serve", "--config"]).arg(&config).stdout(Stdio::piped()).stderr(Stdio::null());
+        cmd.args(["serve", "--config"]).arg(config).args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         match token {
             Some(t) => cmd.env("GEAR_TOKEN", t),
             None => cmd.env_remove("GEAR_TOKEN"),
@@ -89,16 +97,49 @@ shard = {shard}
         let mut child = cmd.spawn().unwrap();
         CHILDREN.lock().unwrap().push(child.id());
         let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            let mut metrics = None;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("metrics on http://") {
+                    metrics = rest.strip_suffix("/metrics").map(str::to_owned);
+                }
                 if let Some(rest) = line.strip_prefix("grpc listening on ") {
-                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_owned());
+                    let _ = tx.send((rest.split_whitespace().next().unwrap_or_default().to_owned(), metrics.clone()));
                 }
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(20)).expect("shard server did not start listening");
-        ShardProcess { child, addr }
+        // Status lines go to stderr, read to its end (a full pipe would
+        // stall the server); the last ones explain a failed start.
+        let (etx, erx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut last = std::collections::VecDeque::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if last.len() == 50 {
+                    last.pop_front();
+                }
+                last.push_back(line);
+            }
+            let _ = etx.send(Vec::from(last).join("\n"));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((addr, metrics)) => Ok(ShardProcess { child, addr, metrics }),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(erx.recv_timeout(Duration::from_secs(5)).unwrap_or_default())
+            }
+        }
+    }
+
+    /// Stops the server as Ctrl-C would (its shutdown checkpoints run) and
+    /// waits for it to exit.
+    fn interrupt(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "gear serve exited with {status}");
     }
 
     fn kill(&mut self) {
@@ -348,7 +389,7 @@ fn writer_child() {
                     })
                     .collect();
                 let end = step + 1 == MAX_LEN as usize;
-                let chunk = gear_net::proto::InsertChunk { steps: 1, columns, priority: None, end };
+                let chunk = gear_net::proto::InsertChunk { steps: 1, columns, end, ..Default::default() };
                 if tx.send(chunk).await.is_err() {
                     break;
                 }
@@ -405,6 +446,164 @@ fn a_writer_killed_mid_stream_loses_no_slot() {
             check_rows(&b, request.window);
         }
         drop(shard);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// A `[[tables]]` config of a prioritized table `replay` and a queue
+/// `queue` (FIFO, every item sampled once), with gRPC and metrics on free
+/// ports; shared-memory names unique to this test run.
+fn two_table_config(dir: &std::path::Path) -> PathBuf {
+    let columns = format!(
+        "[[tables.columns]]\nname = \"id\"\ndtype = \"i64\"\n[[tables.columns]]\nname = \"t\"\ndtype = \"i32\"\n\
+         [[tables.columns]]\nname = \"obs\"\ndtype = \"u8\"\nshape = [{OBS}]\n"
+    );
+    let pid = std::process::id();
+    let text = format!(
+        r#"[[tables]]
+name = "replay"
+shm_name = "gear-cli-replay-{pid}"
+dir = "{dir}"
+max_len = {MAX_LEN}
+capacity = 32
+{columns}[tables.sampler]
+kind = "prioritized"
+alpha = 1.0
+beta = 1.0
+
+[[tables]]
+name = "queue"
+shm_name = "gear-cli-queue-{pid}"
+dir = "{dir}"
+max_len = {MAX_LEN}
+capacity = 32
+max_times_sampled = 1
+{columns}[tables.sampler]
+kind = "fifo"
+[tables.remover]
+kind = "fifo"
+[tables.rate_limiter]
+queue = 32
+
+[grpc]
+listen = "127.0.0.1:0"
+shard = 0
+
+[metrics]
+listen = "127.0.0.1:0"
+"#,
+        dir = dir.display()
+    );
+    let path = dir.join("tables.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn table_client(addr: &str, table: &str) -> ClusterClient {
+    let mut config = ClusterConfig::new(vec![addr.to_owned()], TOKEN);
+    config.call_timeout = Duration::from_secs(5);
+    config.table = table.to_owned();
+    ClusterClient::new(config).unwrap()
+}
+
+/// The body of `GET /metrics` (HTTP/1.0, so the server closes after it).
+fn get_metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 200"), "{response}");
+    response.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// Ids of a batch's rows, in order (every row checked first).
+fn ids(batch: &gear_net::ClusterBatch, window: WindowSpec) -> Vec<u64> {
+    check_rows(batch, window);
+    (0..batch.keys.len())
+        .map(|r| {
+            let n = batch.lengths[r];
+            let first = r * window.len as usize + if window.pad == Pad::Head { (window.len - n) as usize } else { 0 };
+            u64::from_le_bytes(batch.columns[0][first * 8..][..8].try_into().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn a_server_of_two_tables_checkpoints_and_restores_both() {
+    with_deadline(120, || {
+        let dir = temp_dir("tables");
+        let config = two_table_config(&dir);
+        let checkpoints = dir.join("ckpt");
+        let args = [std::ffi::OsStr::new("--checkpoint-dir"), checkpoints.as_os_str()];
+        let mut server = ShardProcess::spawn(&config, Some(TOKEN), &args).unwrap();
+        let replay = table_client(&server.addr, "replay");
+        let queue = table_client(&server.addr, "queue");
+        let mut prioritized: Vec<RemoteTrajectory> = (1..=6).map(|id| trajectory(id, 1 + id % MAX_LEN)).collect();
+        for (i, t) in prioritized.iter_mut().enumerate() {
+            t.priority = Some(i as f64 + 1.0);
+        }
+        replay.insert(WriteTarget::Shard(0), prioritized, 0).unwrap();
+        queue.insert(WriteTarget::Shard(0), (101..=105).map(|id| trajectory(id, 3)).collect(), 2).unwrap();
+        let window = WindowSpec::first(MAX_LEN);
+        let two = ClusterSample { rows: 2, window, columns: vec![] };
+        assert_eq!(ids(&queue.sample(&two).unwrap(), window), [101, 102]);
+
+        // The metrics endpoint of the process counts per table.
+        let metrics = get_metrics(server.metrics.as_deref().expect("a metrics address"));
+        for line in ["gear_table_inserts_total{table=\"replay\"} 6", "gear_table_inserts_total{table=\"queue\"} 5"] {
+            assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
+        }
+        // `gear cluster-info` lists both tables of the shard, once and live.
+        let cluster_file = dir.join("cluster.toml");
+        std::fs::write(&cluster_file, format!("shards = [\"{}\"]\ntoken = \"{TOKEN}\"\n", server.addr)).unwrap();
+        let info = |extra: &[&str]| {
+            let out = Command::new(env!("CARGO_BIN_EXE_gear"))
+                .args(["cluster-info", "--cluster"])
+                .arg(&cluster_file)
+                .args(extra)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let once = info(&[]);
+        assert!(once.contains("table `replay` (prioritized): size 6/32"), "{once}");
+        assert!(once.contains("table `queue` (fifo): size 3/32"), "{once}");
+        let live = info(&["--watch", "--count", "2", "--interval", "0.2"]);
+        assert_eq!(live.matches("gear cluster-info --watch").count(), 2, "{live}");
+        assert_eq!(live.lines().filter(|l| l.starts_with("0     replay")).count(), 2, "{live}");
+        assert_eq!(live.lines().filter(|l| l.starts_with("0     queue")).count(), 2, "{live}");
+
+        // Stopped, it checkpoints each table into a directory of its name.
+        server.interrupt();
+        for table in ["replay", "queue"] {
+            let found = gear_api::latest_checkpoint(checkpoints.join(table)).unwrap();
+            assert!(found.is_some(), "no checkpoint of `{table}` in {}", checkpoints.display());
+        }
+        // A restore directory without a table's checkpoint is refused.
+        let empty = dir.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = ShardProcess::spawn(&config, Some(TOKEN), &[std::ffi::OsStr::new("--restore"), empty.as_os_str()])
+            .err()
+            .expect("a restore without checkpoints must fail");
+        assert!(e.contains("no checkpoint of table `replay`") && e.contains("empty/replay"), "{e}");
+
+        // Restored: both tables as they were, the queue's order included.
+        let restore = [std::ffi::OsStr::new("--restore"), checkpoints.as_os_str()];
+        let server = ShardProcess::spawn(&config, Some(TOKEN), &restore).unwrap();
+        let replay = table_client(&server.addr, "replay");
+        let queue = table_client(&server.addr, "queue");
+        let three = ClusterSample { rows: 3, window, columns: vec![] };
+        assert_eq!(ids(&queue.sample(&three).unwrap(), window), [103, 104, 105]);
+        let batch = replay.sample(&ClusterSample { rows: 64, window, columns: vec![] }).unwrap();
+        for (r, id) in ids(&batch, window).into_iter().enumerate() {
+            assert!((1..=6).contains(&id), "row {r}: id {id}");
+            // Priorities came back: probability id / 21.
+            assert!((batch.probabilities[r] - id as f64 / 21.0).abs() < 1e-9, "id {id}: {}", batch.probabilities[r]);
+        }
+        drop(server);
         let _ = std::fs::remove_dir_all(&dir);
     });
 }

@@ -11,7 +11,7 @@ mod config;
 mod cluster_config;
 
 use cluster_config::ClusterFile;
-use config::TableConfig;
+use config::{ServeConfig, TableConfig};
 use std::path::{Path, PathBuf};
 
 fn deploy(path: &str) -> PathBuf {
@@ -40,6 +40,46 @@ fn the_three_shard_example_parses() {
     let cluster = ClusterFile::load(&deploy("three-shards/cluster.toml")).unwrap();
     assert_eq!(cluster.shards.len(), 3);
     assert!(cluster.tls.is_none());
+}
+
+#[test]
+fn the_multi_table_example_parses() {
+    let c = ServeConfig::load(&deploy("multi-table/shard.toml")).unwrap();
+    assert!(c.several);
+    let names: Vec<(&str, &str)> = c.tables.iter().map(|t| (t.name.as_str(), t.shm())).collect();
+    assert_eq!(names, [("replay", "replay-shard0"), ("queue", "queue-shard0")]);
+    for t in &c.tables {
+        t.builder().unwrap_or_else(|e| panic!("table `{}`: {e}", t.name));
+    }
+    let (replay, queue) = (&c.tables[0], &c.tables[1]);
+    assert_eq!((replay.sampler.kind.as_str(), queue.sampler.kind.as_str()), ("prioritized", "fifo"));
+    assert_eq!(queue.max_times_sampled, Some(1));
+    assert_eq!(queue.rate_limiter.as_ref().and_then(|l| l.queue), Some(1024));
+    assert_eq!(c.grpc.as_ref().map(|g| g.shard), Some(0));
+    assert!(c.metrics.is_some());
+    let cluster = ClusterFile::load(&deploy("multi-table/cluster.toml")).unwrap();
+    assert_eq!(cluster.table.as_deref(), Some("replay"));
+    let mut with_token = cluster.clone();
+    with_token.token = Some("0123456789abcdef0".into());
+    assert_eq!(with_token.client_config().unwrap().table, "replay");
+}
+
+#[test]
+fn the_readme_multi_table_config_parses_and_builds() {
+    let readme = std::fs::read_to_string(deploy("../README.md")).unwrap();
+    let block = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.contains("[[tables]]"))
+        .expect("the README shows a [[tables]] config");
+    let c = ServeConfig::parse(block).unwrap();
+    let names: Vec<&str> = c.tables.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["replay", "queue"]);
+    for t in &c.tables {
+        t.builder().unwrap_or_else(|e| panic!("table `{}`: {e}", t.name));
+    }
+    assert!(c.grpc.is_some() && c.metrics.is_some());
 }
 
 #[test]

@@ -205,7 +205,18 @@ pub struct TableLockGuard<'a> {
     word: &'a AtomicU32,
     waiters: &'a AtomicU32,
     token: u32,
+    /// How long taking the lock waited: `None` when it was free at once.
+    waited: Option<Duration>,
     _local: parking_lot::MutexGuard<'a, ()>,
+}
+
+impl TableLockGuard<'_> {
+    /// How long taking this lock waited (for another thread of this
+    /// process or another process), or `None` when it was free at once:
+    /// what lock-contention figures count.
+    pub fn waited(&self) -> Option<Duration> {
+        self.waited
+    }
 }
 
 impl std::fmt::Debug for TableLockGuard<'_> {
@@ -230,25 +241,40 @@ impl TableLock {
         deadline: Option<Instant>,
     ) -> std::result::Result<(TableLockGuard<'a>, LockState), LockTimeout> {
         let start = Instant::now();
-        let local = match deadline {
-            None => self.local.lock(),
-            Some(d) => self.local.try_lock_until(d).ok_or(LockTimeout { waited: start.elapsed(), holder: 0 })?,
+        // Contended: this process's part or the shared word was not free
+        // at the first try.
+        let mut contended = false;
+        let local = match self.local.try_lock() {
+            Some(local) => local,
+            None => {
+                contended = true;
+                match deadline {
+                    None => self.local.lock(),
+                    Some(d) => {
+                        self.local.try_lock_until(d).ok_or(LockTimeout { waited: start.elapsed(), holder: 0 })?
+                    }
+                }
+            }
         };
         let (word, waiters, me) = (&ctl.lock, &ctl.lock_waiters, lease.token());
-        let guard = |state| (TableLockGuard { word, waiters, token: me, _local: local }, state);
+        let guard = |state, contended: bool| {
+            let waited = contended.then(|| start.elapsed());
+            (TableLockGuard { word, waiters, token: me, waited, _local: local }, state)
+        };
         let mut spins = 0;
         let mut next_check = start;
         loop {
             let cur = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Ok(guard(LockState::Clean)),
+                Ok(_) => return Ok(guard(LockState::Clean, contended)),
                 Err(cur) => cur,
             };
             if cur == me {
                 // No other thread of this process holds the lock (we hold
                 // the local mutex): a holder of ours died mid-section in a
                 // way a process cannot survive, or the word was corrupted.
-                return Ok(guard(LockState::OwnerDied));
+                return Ok(guard(LockState::OwnerDied, contended));
             }
+            contended = true;
             if spins < SPINS {
                 spins += 1;
                 std::hint::spin_loop();
@@ -259,7 +285,7 @@ impl TableLock {
                 next_check = now + HOLDER_CHECK;
                 if !lease.is_alive(cur, ctl) {
                     if word.compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                        return Ok(guard(LockState::OwnerDied));
+                        return Ok(guard(LockState::OwnerDied, contended));
                     }
                     continue;
                 }
@@ -391,6 +417,33 @@ mod tests {
         assert_eq!(e.holder, lease.token());
         drop(g);
         assert_eq!(other_lock.lock(&ctl, &other, None).unwrap().1, LockState::Clean);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
+    fn a_guard_says_whether_and_how_long_taking_it_waited() {
+        let dir = temp_dir("waited");
+        let ctl = control();
+        let lease = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let other = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let (lock, other_lock) = (TableLock::new(), TableLock::new());
+        let (g, _) = lock.lock(&ctl, &lease, None).unwrap();
+        assert_eq!(g.waited(), None, "a free lock is taken without waiting");
+        drop(g);
+        let ctl = &ctl;
+        std::thread::scope(|s| {
+            // Held by this process's handle: a thread of this process, then
+            // another process's handle, wait for it.
+            for (l, who) in [(&lock, &lease), (&other_lock, &other)] {
+                let (g, _) = lock.lock(ctl, &lease, None).unwrap();
+                let waiter = s.spawn(move || l.lock(ctl, who, None).unwrap().0.waited());
+                std::thread::sleep(Duration::from_millis(30));
+                drop(g);
+                let waited = waiter.join().unwrap().expect("a held lock is waited for");
+                assert!(waited >= Duration::from_millis(20), "{waited:?}");
+            }
+        });
         let _ = std::fs::remove_dir_all(dir);
     }
 

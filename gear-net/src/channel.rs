@@ -47,9 +47,17 @@ pub(crate) struct ShardChannel {
 enum Inner {
     /// Plain TCP through hyper's client, with large frames.
     Plain { client: Box<Client<HttpConnector, BoxBody>>, authority: Authority, timeout: Duration },
-    /// TLS through tonic's channel.
-    Tonic(Channel),
+    /// TLS through tonic's channel (deadlines applied here, as for plain
+    /// TCP, so that an [`OpenEnded`] call can go without one).
+    Tonic { channel: Channel, timeout: Duration },
 }
+
+/// Marks a call whose answer may come later than the call deadline: an
+/// insert stream kept open while an actor writes an episode step by step
+/// (`client::stream`). Its chunks are sent under deadlines of their own, and
+/// its answer is awaited under one after the last chunk.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OpenEnded;
 
 /// Settings of a [`ShardChannel`].
 #[derive(Clone, Copy, Debug)]
@@ -67,12 +75,11 @@ impl ShardChannel {
         if tls.is_some() {
             let channel = crate::tls::endpoint(addr, tls)?
                 .connect_timeout(settings.connect_timeout)
-                .timeout(settings.call_timeout)
                 .tcp_nodelay(true)
                 .initial_stream_window_size(Some(STREAM_WINDOW_BYTES))
                 .initial_connection_window_size(Some(CONNECTION_WINDOW_BYTES))
                 .connect_lazy();
-            return Ok(ShardChannel { inner: Inner::Tonic(channel) });
+            return Ok(ShardChannel { inner: Inner::Tonic { channel, timeout: settings.call_timeout } });
         }
         let authority: Authority =
             addr.parse().map_err(|e| Error::Config(format!("shard address `{addr}` is not host:port: {e}")))?;
@@ -110,6 +117,20 @@ fn hyper_status(e: &hyper_util::client::legacy::Error) -> Status {
     }
 }
 
+/// `call` under the call deadline, unless it is open-ended.
+async fn within<T>(
+    timeout: Duration,
+    open_ended: bool,
+    call: impl Future<Output = T>,
+) -> std::result::Result<T, Status> {
+    if open_ended {
+        return Ok(call.await);
+    }
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| Status::deadline_exceeded(format!("no answer within {timeout:?}")))
+}
+
 impl Service<Request<BoxBody>> for ShardChannel {
     type Response = Response<BoxBody>;
     type Error = Status;
@@ -119,13 +140,14 @@ impl Service<Request<BoxBody>> for ShardChannel {
         match &mut self.inner {
             // hyper's pool connects inside the call.
             Inner::Plain { .. } => Poll::Ready(Ok(())),
-            Inner::Tonic(channel) => {
+            Inner::Tonic { channel, .. } => {
                 channel.poll_ready(cx).map_err(|e| Status::unavailable(format!("cannot connect: {e}")))
             }
         }
     }
 
     fn call(&mut self, mut request: Request<BoxBody>) -> Self::Future {
+        let open_ended = request.extensions().get::<OpenEnded>().is_some();
         match &mut self.inner {
             Inner::Plain { client, authority, timeout } => {
                 let path = request.uri().path_and_query().cloned();
@@ -144,16 +166,22 @@ impl Service<Request<BoxBody>> for ShardChannel {
                 let call = client.request(request);
                 let timeout = *timeout;
                 Box::pin(async move {
-                    match tokio::time::timeout(timeout, call).await {
-                        Err(_) => Err(Status::deadline_exceeded(format!("no answer within {timeout:?}"))),
+                    match within(timeout, open_ended, call).await {
+                        Err(status) => Err(status),
                         Ok(Err(e)) => Err(hyper_status(&e)),
                         Ok(Ok(response)) => Ok(response.map(tonic::body::boxed)),
                     }
                 })
             }
-            Inner::Tonic(channel) => {
+            Inner::Tonic { channel, timeout } => {
                 let call = channel.call(request);
-                Box::pin(async move { call.await.map_err(|e| Status::from_error(Box::new(e))) })
+                let timeout = *timeout;
+                Box::pin(async move {
+                    match within(timeout, open_ended, call).await {
+                        Err(status) => Err(status),
+                        Ok(result) => result.map_err(|e| Status::from_error(Box::new(e))),
+                    }
+                })
             }
         }
     }

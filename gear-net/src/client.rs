@@ -44,11 +44,15 @@ mod assemble;
 mod insert;
 mod masses;
 mod spread;
+mod stream;
+mod tables;
 
 use assemble::Assembly;
 use masses::ShardMasses;
 
 pub use insert::TRAJECTORIES_PER_STREAM;
+pub use stream::TrajectoryStream;
+pub use tables::{ShardTables, TableStatus};
 
 mod data_plane;
 pub use data_plane::{DataPlane, MAX_READ_ATTEMPTS};
@@ -89,6 +93,10 @@ impl From<RemoteKey> for proto::Key {
 pub struct ClusterConfig {
     /// `host:port` of each shard server, index = shard id.
     pub shards: Vec<String>,
+    /// The table every call of this client uses, by its name on the
+    /// shards; empty: each shard's only table (refused, listing the
+    /// tables, by a shard that serves several).
+    pub table: String,
     /// The cluster token.
     pub token: String,
     /// Deadline of each call.
@@ -125,6 +133,7 @@ impl ClusterConfig {
     pub fn new(addresses: Vec<String>, token: impl Into<String>) -> Self {
         ClusterConfig {
             shards: addresses,
+            table: String::new(),
             token: token.into(),
             call_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
@@ -347,14 +356,22 @@ impl ClusterClient {
     /// The spec of shard `shard` (every shard of a table has the same).
     pub fn spec(&self, shard: usize) -> Result<(TableSpec, proto::SpecReply)> {
         let mut c = self.client(shard)?;
-        let reply = self.runtime.block_on(c.get_spec(SpecRequest {})).map_err(|s| status(shard, s))?.into_inner();
+        let reply = self
+            .runtime
+            .block_on(c.get_spec(SpecRequest { table: self.config.table.clone() }))
+            .map_err(|s| status(shard, s))?
+            .into_inner();
         Ok((spec_from_proto(&reply)?, reply))
     }
 
     /// Counters of shard `shard`.
     pub fn info(&self, shard: usize) -> Result<proto::InfoReply> {
         let mut c = self.client(shard)?;
-        Ok(self.runtime.block_on(c.info(InfoRequest {})).map_err(|s| status(shard, s))?.into_inner())
+        Ok(self
+            .runtime
+            .block_on(c.info(InfoRequest { table: self.config.table.clone() }))
+            .map_err(|s| status(shard, s))?
+            .into_inner())
     }
 
     fn client(&self, shard: usize) -> Result<Grpc> {
@@ -447,7 +464,13 @@ impl ClusterClient {
                         continue;
                     }
                     let mut c = self.shards[s].clone();
-                    let req = sample_request(request, n, self.config.call_timeout, self.incarnation_of(s));
+                    let req = sample_request(
+                        &self.config.table,
+                        request,
+                        n,
+                        self.config.call_timeout,
+                        self.incarnation_of(s),
+                    );
                     let id = calls.spawn(async move { c.sample(req).await }).id();
                     blocks.insert(id, (s, n, start));
                     start += n as usize;
@@ -516,8 +539,10 @@ impl ClusterClient {
     /// Every shard's `Info`, asked at once: one outcome per shard, in order.
     pub(crate) fn all_infos(&self) -> Vec<InfoOutcome> {
         self.runtime.block_on(async {
-            let calls =
-                self.shards.iter().cloned().map(|mut c| tokio::spawn(async move { c.info(InfoRequest {}).await }));
+            let calls = self.shards.iter().cloned().map(|mut c| {
+                let table = self.config.table.clone();
+                tokio::spawn(async move { c.info(InfoRequest { table }).await })
+            });
             let mut out = Vec::new();
             for call in calls.collect::<Vec<_>>() {
                 out.push(call.await);
@@ -576,7 +601,13 @@ impl ClusterClient {
     /// weights; for deterministic strategies).
     pub fn sample_shard(&self, shard: usize, request: &ClusterSample) -> Result<ClusterBatch> {
         let mut c = self.client(shard)?;
-        let req = sample_request(request, request.rows, self.config.call_timeout, self.incarnation_of(shard));
+        let req = sample_request(
+            &self.config.table,
+            request,
+            request.rows,
+            self.config.call_timeout,
+            self.incarnation_of(shard),
+        );
         let reply = match self.runtime.block_on(c.sample(req)) {
             Ok(r) => r.into_inner(),
             Err(e) => {
@@ -619,13 +650,31 @@ impl ClusterClient {
             let mut c = self.shards[s].clone();
             let reply = self
                 .runtime
-                .block_on(c.update_priorities(UpdateRequest { updates: list }))
+                .block_on(c.update_priorities(UpdateRequest { updates: list, table: self.config.table.clone() }))
                 .map_err(|e| status(s, e))?
                 .into_inner();
             self.note_mass(s, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
             applied += reply.applied;
         }
         Ok(applied)
+    }
+
+    /// The shard for each of `n` trajectories written round-robin: the
+    /// next live shard in turn (every shard when none is known live).
+    fn round_robin(&self, n: usize) -> Vec<usize> {
+        let live: Vec<usize> = {
+            let st = self.state.lock();
+            (0..self.shards.len()).filter(|&s| !st[s].lost).collect()
+        };
+        let live = if live.is_empty() { (0..self.shards.len()).collect() } else { live };
+        let mut next = self.next_writer.lock();
+        (0..n)
+            .map(|_| {
+                let s = live[*next % live.len()];
+                *next = next.wrapping_add(1);
+                s
+            })
+            .collect()
     }
 
     /// Inserts whole trajectories, each sent in chunks of at most
@@ -645,15 +694,9 @@ impl ClusterClient {
             WriteTarget::Shard(s) if s < n => per_shard[s] = trajectories.into_iter().enumerate().collect(),
             WriteTarget::Shard(s) => return Err(Error::Config(format!("no shard {s}; the cluster has {n}"))),
             WriteTarget::RoundRobin => {
-                let live: Vec<usize> = {
-                    let st = self.state.lock();
-                    (0..n).filter(|&s| !st[s].lost).collect()
-                };
-                let live = if live.is_empty() { (0..n).collect() } else { live };
-                let mut next = self.next_writer.lock();
-                for (i, t) in trajectories.into_iter().enumerate() {
-                    per_shard[live[*next % live.len()]].push((i, t));
-                    *next = next.wrapping_add(1);
+                let shards = self.round_robin(trajectories.len());
+                for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
+                    per_shard[s].push((i, t));
                 }
             }
             WriteTarget::MostFree => {
@@ -672,10 +715,17 @@ impl ClusterClient {
     }
 }
 
-/// The request for `rows` rows from a shard the client knows as
+/// The request for `rows` rows of `table` from a shard the client knows as
 /// `incarnation` (`None`: any run).
-fn sample_request(request: &ClusterSample, rows: u64, timeout: Duration, incarnation: Option<u64>) -> SampleRequest {
+fn sample_request(
+    table: &str,
+    request: &ClusterSample,
+    rows: u64,
+    timeout: Duration,
+    incarnation: Option<u64>,
+) -> SampleRequest {
     SampleRequest {
+        table: table.to_owned(),
         rows,
         window_offset: request.window.offset,
         window_len: request.window.len,
@@ -708,13 +758,20 @@ fn check_sample_reply(shard: usize, rows: u64, r: &proto::SampleReply) -> Result
     Ok(())
 }
 
-/// The insert stream of `trajectories`: chunks of at most `chunk_steps`.
-fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
+/// The insert stream of `trajectories` into `table`: chunks of at most
+/// `chunk_steps`, the first naming the table.
+fn chunks_of(table: &str, trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
     let mut out = Vec::new();
     for t in trajectories {
         if chunk_steps == 0 || chunk_steps >= t.steps {
             // One chunk: the buffers move, no copy.
-            out.push(InsertChunk { steps: t.steps, columns: t.columns, priority: t.priority, end: true });
+            out.push(InsertChunk {
+                steps: t.steps,
+                columns: t.columns,
+                priority: t.priority,
+                end: true,
+                table: String::new(),
+            });
             continue;
         }
         let step_bytes: Vec<usize> = t.columns.iter().map(|c| c.len() / t.steps as usize).collect();
@@ -736,8 +793,11 @@ fn chunks_of(trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: 
                 .collect();
             let priority = if done == 0 { t.priority } else { None };
             done += steps;
-            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps });
+            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps, table: String::new() });
         }
+    }
+    if let Some(first) = out.first_mut() {
+        first.table = table.to_owned();
     }
     out
 }

@@ -57,7 +57,7 @@ pub fn request_from_endpoint(endpoint: &PeerEndpoint) -> ConnectRequest {
         #[allow(unreachable_patterns)]
         _ => connect_request::Endpoint::Tcp(proto::TcpPeer { address: String::new() }),
     };
-    ConnectRequest { endpoint: Some(endpoint) }
+    ConnectRequest { endpoint: Some(endpoint), table: String::new() }
 }
 
 /// The endpoint of a `Connect` request, validated.
@@ -150,7 +150,7 @@ mod tests {
             let err = endpoint_from_request(&limits).unwrap_err();
             assert!(err.contains("read limit"), "{initiator}/{responder}: {err}");
         }
-        assert!(endpoint_from_request(&ConnectRequest { endpoint: None }).is_err());
+        assert!(endpoint_from_request(&ConnectRequest { endpoint: None, table: String::new() }).is_err());
         let mut wraps = reply_from_remote(&r);
         if let Some(connect_reply::Access::Rdma(a)) = &mut wraps.access {
             a.addr = u64::MAX;

@@ -199,6 +199,7 @@ mod tests {
                 ranges: false,
                 incarnation: 0,
                 data_plane_session: 0,
+                table: String::new(),
             };
             if let Ok(config) = Limits::new(1 << 20).sample_config(&spec(), &req) {
                 prop_assert!(config.batch_size as u64 <= MAX_SAMPLE_ROWS);
@@ -216,8 +217,12 @@ mod tests {
     #[test]
     fn chunks_must_match_the_spec() {
         let limits = Limits::new(1 << 20);
-        let ok =
-            InsertChunk { steps: 2, columns: vec![vec![0; 24].into(), vec![0; 2].into()], priority: None, end: true };
+        let ok = InsertChunk {
+            columns: vec![vec![0; 24].into(), vec![0; 2].into()],
+            steps: 2,
+            end: true,
+            ..Default::default()
+        };
         limits.check_chunk(&spec(), &ok, 0).unwrap();
         assert!(limits.check_chunk(&spec(), &ok, 7).unwrap_err().message().contains("overflows"));
         let short = InsertChunk { columns: vec![vec![0; 23].into(), vec![0; 2].into()], ..ok.clone() };
@@ -235,9 +240,7 @@ mod tests {
             pad: 0,
             columns: vec![],
             timeout_ms: 10,
-            ranges: false,
-            incarnation: 0,
-            data_plane_session: 0,
+            ..Default::default()
         };
         assert_eq!(
             Limits::new(1 << 20).sample_config(&spec(), &req).unwrap_err().code(),

@@ -3,13 +3,17 @@
 //! GEAR-rs over the network, on gRPC (tonic/prost; the interface is
 //! `proto/gear.proto`):
 //!
-//! * [`server`]: a shard server hosting one [`gear_api::ReplayTable`] —
-//!   spec and region, sampling (the shard draws with its strategy, gathers
-//!   the windows and re-checks each slot's generation, redrawing torn rows),
-//!   priority updates, streamed remote inserts, info, health;
+//! * [`server`]: a shard server hosting one or several
+//!   [`gear_api::ReplayTable`]s, each under its name — spec and region,
+//!   sampling (the shard draws with the table's strategy, gathers the
+//!   windows and re-checks each slot's generation, redrawing torn rows),
+//!   priority updates, streamed remote inserts, info, health, the list of
+//!   tables;
+//! * [`metrics`]: the server's Prometheus metrics and their HTTP endpoint;
 //! * [`client`]: [`ClusterClient`], which samples across shards with one
 //!   table's distribution, routes priority updates to the owning shard,
 //!   spreads writers, and leaves out (and reports) shards that fail;
+//! * [`cluster_file`]: the cluster file (TOML) trainers and actors read;
 //! * [`auth`]: the cluster token every call carries;
 //! * [`tls`]: TLS (and mutual TLS) when the configs name certificates;
 //! * [`rdma_settings`]: which RDMA device port the data plane opens.
@@ -27,11 +31,13 @@ pub mod alloc;
 pub mod auth;
 mod channel;
 pub mod client;
+pub mod cluster_file;
 pub mod codec;
 pub mod committed;
 pub mod connect;
 pub mod convert;
 pub mod error;
+pub mod metrics;
 pub mod rdma_settings;
 pub mod server;
 pub mod tls;
@@ -47,9 +53,12 @@ pub mod proto {
 
 pub use client::{
     ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard, RemoteKey, RemoteTrajectory,
-    WriteTarget,
+    ShardTables, TableStatus, TrajectoryStream, WriteTarget,
 };
 pub use error::{Error, Result};
+pub use metrics::{MetricsConfig, MetricsServer};
 pub use rdma_settings::RdmaSettings;
-pub use server::{DataPlaneServer, ServerConfig, ServerHandle, ShardService, StrategyInfo};
+pub use server::{
+    DataPlaneServer, NamedTable, ServedTables, ServerConfig, ServerHandle, ShardService, StrategyInfo, DEFAULT_TABLE,
+};
 pub use tls::ClientTls;

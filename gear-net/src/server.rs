@@ -1,7 +1,9 @@
-//! The shard server: one [`ReplayTable`] behind the `gear.v1.Shard` gRPC
-//! service. Every request is checked against the table's spec and the
-//! server's message limit before it touches the table; table errors become
-//! gRPC statuses. Blocking table calls (rate-limiter waits) run on tokio's
+//! The shard server: one or several [`ReplayTable`]s, each under its name
+//! ([`ServedTables`]), behind the `gear.v1.Shard` gRPC service. Every
+//! request names its table (empty: the only one) and is checked against
+//! that table's spec and the server's message limit before it touches the
+//! table; table errors become gRPC statuses. Every call is timed for the
+//! metrics (`crate::metrics`). Blocking table calls (rate-limiter waits) run on tokio's
 //! blocking threads, or under `block_in_place` (a `Sample` draws while its
 //! reply is encoded: `server/reply.rs`), so they never stall the reactor.
 
@@ -9,18 +11,20 @@ use crate::auth::{resolve_token, TokenCheck};
 use crate::committed;
 use crate::convert::{key_to_proto, table_status, Limits};
 use crate::error::{Error, Result};
+use crate::metrics::{Method, RpcTimer};
 use crate::proto::shard_server::{Shard, ShardServer};
 use crate::proto::{
-    HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply, SampleRequest, SpecReply,
-    SpecRequest, UpdateReply, UpdateRequest,
+    HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply, ListTablesReply, ListTablesRequest,
+    SampleRequest, SpecReply, SpecRequest, UpdateReply, UpdateRequest,
 };
 use crate::rdma_settings::RdmaSettings;
-use gear_api::{ReplayTable, StepValue, Trajectory};
+use gear_api::{ReplayTable, StepValue, Trajectory, Writer};
 use gear_core::{check_priority, SlotKey, TransportServer};
 use gear_sampler::{StrategyKind, StrategyParams};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
@@ -28,9 +32,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 mod data_plane;
 mod reply;
+mod tables;
 pub use data_plane::DataPlaneServer;
 pub use reply::SampleReplyOut;
-use reply::SamplerCache;
+use tables::ServedTable;
+pub use tables::{check_table_name, NamedTable, ServedTables, DEFAULT_TABLE, MAX_TABLE_NAME};
 
 /// Default limit on one message (a sample reply or an insert chunk).
 pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 256 << 20;
@@ -102,101 +108,53 @@ pub struct StrategyInfo {
     pub params: StrategyParams,
 }
 
-/// The gRPC service over one table.
+/// The gRPC service over a server's tables.
 pub struct ShardService {
-    table: ReplayTable,
+    tables: ServedTables,
     shard: u32,
-    incarnation: u64,
-    strategy: StrategyInfo,
     limits: Limits,
-    /// Samplers kept between calls, by request shape.
-    samplers: Arc<SamplerCache>,
     /// The transport servers `Connect` and ranged samples use, if any.
     data_plane: Option<Arc<DataPlaneServer>>,
 }
 
-/// A number that differs between two runs of a server: a restarted shard's
-/// keys are then recognisably stale.
-fn new_incarnation() -> u64 {
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let mut s = nanos ^ (u64::from(std::process::id()) << 32);
-    gear_core::rng::splitmix64(&mut s) | 1
-}
-
 impl ShardService {
-    /// Serves `table` as shard `shard`.
+    /// Serves `table` as shard `shard`, under the name [`DEFAULT_TABLE`].
     pub fn new(table: ReplayTable, shard: u32, strategy: StrategyInfo, max_message_bytes: u64) -> Self {
-        ShardService {
-            table,
-            shard,
-            incarnation: new_incarnation(),
-            strategy,
-            limits: Limits::new(max_message_bytes),
-            samplers: Arc::new(SamplerCache::default()),
-            data_plane: None,
-        }
+        Self::serving(ServedTables::single(table, strategy), shard, max_message_bytes)
     }
 
-    /// This run's incarnation.
+    /// Serves every table of `tables` as shard `shard`.
+    pub fn serving(tables: ServedTables, shard: u32, max_message_bytes: u64) -> Self {
+        tables.set_shard(shard);
+        ShardService { tables, shard, limits: Limits::new(max_message_bytes), data_plane: None }
+    }
+
+    /// This server process's incarnation (each table has its own:
+    /// [`ServedTables::table_incarnation`]).
     pub fn incarnation(&self) -> u64 {
-        self.incarnation
+        self.tables.incarnation()
     }
 
-    /// Size, total mass and smallest mass; deterministic strategies report
-    /// a total mass of zero (they cannot be spread over shards by mass).
-    fn masses(&self) -> std::result::Result<(u64, f64, f64), Status> {
-        table_masses(&self.table)
-    }
-}
-
-/// `table`'s size, total mass and smallest mass (see `ShardService::masses`).
-fn table_masses(table: &ReplayTable) -> std::result::Result<(u64, f64, f64), Status> {
-    let size = table.info().map_err(table_status)?.size;
-    match table.selection_mass().map_err(table_status)? {
-        Some(m) => Ok((size, m.total, m.min)),
-        None => Ok((size, 0.0, 0.0)),
-    }
-}
-
-/// Runs `f` on a blocking thread, turning a panic or cancellation into a status.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> std::result::Result<T, Status> + Send + 'static,
-) -> std::result::Result<T, Status> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("worker failed: {e}")))?
-}
-
-#[tonic::async_trait]
-impl Shard for ShardService {
-    async fn health(&self, _: Request<HealthRequest>) -> std::result::Result<Response<HealthReply>, Status> {
-        Ok(Response::new(HealthReply { shard: self.shard, incarnation: self.incarnation }))
+    /// The tables served.
+    pub fn tables(&self) -> &ServedTables {
+        &self.tables
     }
 
-    async fn get_spec(&self, _: Request<SpecRequest>) -> std::result::Result<Response<SpecReply>, Status> {
-        let spec = self.table.spec();
-        let prioritized = self.strategy.kind == StrategyKind::Prioritized;
-        Ok(Response::new(SpecReply {
+    /// The table a request names, with the call's timer told which.
+    fn find(&self, name: &str, timer: &mut RpcTimer) -> std::result::Result<&ServedTable, Status> {
+        let (index, served) = self.tables.find(name)?;
+        timer.table(index);
+        Ok(served)
+    }
+
+    /// `served`'s counters as `Info` and `ListTables` report them.
+    fn info_reply(&self, served: &ServedTable) -> std::result::Result<InfoReply, Status> {
+        let i = served.table.info().map_err(table_status)?;
+        let (total_mass, min_mass) = selection_masses(&served.table)?;
+        let waits = served.table.wait_stats();
+        Ok(InfoReply {
             shard: self.shard,
-            incarnation: self.incarnation,
-            columns: crate::convert::columns_to_proto(spec),
-            max_len: spec.max_len(),
-            capacity: spec.capacity(),
-            sampler: self.strategy.kind.name().to_owned(),
-            region: Some(crate::proto::RegionDescriptor {
-                name: self.table.name().unwrap_or_default().to_owned(),
-                len: self.table.region_bytes(),
-            }),
-            alpha: if prioritized { self.strategy.params.alpha } else { 0.0 },
-            beta: if prioritized { self.strategy.params.beta } else { 0.0 },
-        }))
-    }
-
-    async fn info(&self, _: Request<InfoRequest>) -> std::result::Result<Response<InfoReply>, Status> {
-        let i = self.table.info().map_err(table_status)?;
-        let (_, total_mass, min_mass) = self.masses()?;
-        Ok(Response::new(InfoReply {
-            shard: self.shard,
-            incarnation: self.incarnation,
+            incarnation: served.incarnation,
             size: i.size,
             capacity: i.capacity,
             inserts: i.inserts,
@@ -206,45 +164,89 @@ impl Shard for ShardService {
             bytes_gathered: i.bytes_gathered,
             total_mass,
             min_mass,
+            table: served.name.clone(),
+            retired: i.retired,
+            insert_waits: waits.insert_waits,
+            insert_wait_seconds: waits.insert_wait.as_secs_f64(),
+            sample_waits: waits.sample_waits,
+            sample_wait_seconds: waits.sample_wait.as_secs_f64(),
+            lock_waits: waits.lock_waits,
+            lock_wait_seconds: waits.lock_wait.as_secs_f64(),
+            rpc_bytes_received: served.rpc_bytes_received.load(Ordering::Relaxed),
+            rpc_bytes_sent: served.rpc_bytes_sent.load(Ordering::Relaxed),
+            sampler: served.strategy.kind.name().to_owned(),
+        })
+    }
+
+    async fn get_spec_of(
+        &self,
+        request: Request<SpecRequest>,
+        timer: &mut RpcTimer,
+    ) -> std::result::Result<Response<SpecReply>, Status> {
+        let served = self.find(&request.get_ref().table, timer)?;
+        let spec = served.table.spec();
+        let strategy = served.strategy;
+        let prioritized = strategy.kind == StrategyKind::Prioritized;
+        Ok(Response::new(SpecReply {
+            shard: self.shard,
+            incarnation: served.incarnation,
+            columns: crate::convert::columns_to_proto(spec),
+            max_len: spec.max_len(),
+            capacity: spec.capacity(),
+            sampler: strategy.kind.name().to_owned(),
+            region: Some(crate::proto::RegionDescriptor {
+                name: served.table.name().unwrap_or_default().to_owned(),
+                len: served.table.region_bytes(),
+            }),
+            alpha: if prioritized { strategy.params.alpha } else { 0.0 },
+            beta: if prioritized { strategy.params.beta } else { 0.0 },
+            table: served.name.clone(),
         }))
     }
 
-    async fn sample(&self, request: Request<SampleRequest>) -> std::result::Result<Response<SampleReplyOut>, Status> {
+    async fn info_of(
+        &self,
+        request: Request<InfoRequest>,
+        timer: &mut RpcTimer,
+    ) -> std::result::Result<Response<InfoReply>, Status> {
+        let served = self.find(&request.get_ref().table, timer)?;
+        Ok(Response::new(self.info_reply(served)?))
+    }
+
+    async fn sample_of(
+        &self,
+        request: Request<SampleRequest>,
+        mut timer: RpcTimer,
+    ) -> std::result::Result<Response<SampleReplyOut>, Status> {
+        let (index, served) = self.tables.find(&request.get_ref().table)?;
+        timer.table(index);
         let expected = request.get_ref().incarnation;
-        if expected != 0 && expected != self.incarnation {
+        if expected != 0 && expected != served.incarnation {
             return Err(Status::aborted(format!(
-                "shard {} restarted: incarnation {:#x}, the batch was split for {expected:#x}",
-                self.shard, self.incarnation
+                "shard {} table `{}` restarted: incarnation {:#x}, the batch was split for {expected:#x}",
+                self.shard, served.name, served.incarnation
             )));
         }
         if request.get_ref().ranges {
-            return Ok(self.sample_ranges(request.into_inner()).await?.map(SampleReplyOut::from));
+            let reply = self.sample_ranges((index, served), request.into_inner()).await;
+            timer.finish(reply.is_ok());
+            return Ok(reply?.map(SampleReplyOut::from));
         }
         let req = request.into_inner();
-        let config = self.limits.sample_config(self.table.spec(), &req)?;
-        let sampler = self.samplers.take(&self.table, &config)?;
-        // Drawn and gathered as tonic encodes the reply (server/reply.rs).
-        Ok(Response::new(SampleReplyOut::pending(
-            self.table.clone(),
-            sampler,
-            config,
-            (self.shard, self.incarnation),
-            self.samplers.clone(),
-        )))
+        let config = self.limits.sample_config(served.table.spec(), &req)?;
+        let sampler = served.samplers.take(&served.table, &config)?;
+        // Drawn and gathered as tonic encodes the reply (server/reply.rs),
+        // which is when the call's timer stops.
+        Ok(Response::new(SampleReplyOut::pending(self.tables.clone(), index, self.shard, sampler, config, timer)))
     }
 
-    async fn connect_data_plane(
-        &self,
-        request: Request<crate::proto::ConnectRequest>,
-    ) -> std::result::Result<Response<crate::proto::ConnectReply>, Status> {
-        self.accept_data_plane(request).await
-    }
-
-    async fn update_priorities(
+    async fn update_priorities_of(
         &self,
         request: Request<UpdateRequest>,
+        timer: &mut RpcTimer,
     ) -> std::result::Result<Response<UpdateReply>, Status> {
         let req = request.into_inner();
+        let served = self.find(&req.table, timer)?;
         if req.updates.len() > self.limits.max_updates {
             return Err(Status::invalid_argument(format!(
                 "{} priority updates in one call, at most {} allowed",
@@ -258,38 +260,60 @@ impl Shard for ShardService {
             let key = u.key.as_ref().ok_or_else(|| Status::invalid_argument(format!("update {i} has no key")))?;
             check_priority(u.priority)
                 .map_err(|_| Status::invalid_argument(format!("update {i}: priority {} is invalid", u.priority)))?;
-            if key.shard != self.shard || key.incarnation != self.incarnation {
+            // Another shard, run, or table (each table has its own
+            // incarnation): stale.
+            if key.shard != self.shard || key.incarnation != served.incarnation {
                 stale += 1;
                 continue;
             }
             ours.push((SlotKey { slot: key.slot, generation: key.generation }, u.priority));
         }
-        let table = self.table.clone();
+        let table = served.table.clone();
         let applied = blocking(move || table.update_priorities(&ours).map_err(table_status)).await?;
-        let (size, total_mass, min_mass) = self.masses()?;
+        let (size, total_mass, min_mass) = table_masses(&served.table)?;
         Ok(Response::new(UpdateReply {
             applied: applied as u64,
             stale,
-            incarnation: self.incarnation,
+            incarnation: served.incarnation,
             size,
             total_mass,
             min_mass,
         }))
     }
 
-    async fn insert(
+    async fn insert_into(
         &self,
         request: Request<Streaming<InsertChunk>>,
+        timer: &mut RpcTimer,
     ) -> std::result::Result<Response<InsertReply>, Status> {
         let mut stream = request.into_inner();
-        let writer = self.table.writer().with_timeout(Duration::from_secs(30));
-        let spec = self.table.spec().clone();
+        // The table and its writer, from the first chunk.
+        let mut target: Option<(&ServedTable, Writer)> = None;
         let mut open: Option<Trajectory> = None;
         let mut keys = Vec::new();
         let mut steps = 0u64;
         while let Some(chunk) = stream.message().await.map_err(|s| committed::failed(s, &keys, steps))? {
+            match &target {
+                None => {
+                    let served = self.find(&chunk.table, timer).map_err(|s| committed::failed(s, &keys, steps))?;
+                    target = Some((served, served.table.writer().with_timeout(Duration::from_secs(30))));
+                }
+                Some((served, _)) if !chunk.table.is_empty() && chunk.table != served.name => {
+                    let e = Status::invalid_argument(format!(
+                        "an insert chunk names table `{}`, the stream's first chunk named `{}`",
+                        tables::shown(&chunk.table),
+                        served.name
+                    ));
+                    return Err(committed::failed(e, &keys, steps));
+                }
+                Some(_) => {}
+            }
+            let Some((served, writer)) = &target else {
+                return Err(Status::internal("an insert stream without a table"));
+            };
+            let spec = served.table.spec();
             self.limits
-                .check_chunk(&spec, &chunk, open.as_ref().map_or(0, |t| t.len()))
+                .check_chunk(spec, &chunk, open.as_ref().map_or(0, |t| t.len()))
                 .map_err(|s| committed::failed(s, &keys, steps))?;
             let priority = match chunk.priority {
                 Some(p) => Some(check_priority(p).map_err(|_| {
@@ -297,6 +321,7 @@ impl Shard for ShardService {
                 })?),
                 None => None,
             };
+            served.count_received(chunk.columns.iter().map(|c| c.len() as u64).sum());
             // Writer calls wait on the table lock and the rate limiter.
             let key = tokio::task::block_in_place(|| -> std::result::Result<Option<SlotKey>, Status> {
                 let traj = match &mut open {
@@ -317,10 +342,101 @@ impl Shard for ShardService {
             })
             .map_err(|s| committed::failed(s, &keys, steps))?;
             steps += chunk.steps;
-            keys.extend(key.map(|k| key_to_proto(self.shard, self.incarnation, k)));
+            keys.extend(key.map(|k| key_to_proto(self.shard, served.incarnation, k)));
         }
         // A trajectory left open by a stream that ended is abandoned on drop.
         Ok(Response::new(InsertReply { keys, steps }))
+    }
+}
+
+/// `table`'s size, total mass and smallest mass (see `selection_masses`).
+fn table_masses(table: &ReplayTable) -> std::result::Result<(u64, f64, f64), Status> {
+    let size = table.info().map_err(table_status)?.size;
+    let (total, min) = selection_masses(table)?;
+    Ok((size, total, min))
+}
+
+/// `table`'s total and smallest mass; deterministic strategies report a
+/// total mass of zero (they cannot be spread over shards by mass).
+fn selection_masses(table: &ReplayTable) -> std::result::Result<(f64, f64), Status> {
+    Ok(table.selection_mass().map_err(table_status)?.map_or((0.0, 0.0), |m| (m.total, m.min)))
+}
+
+/// Runs `f` on a blocking thread, turning a panic or cancellation into a status.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::result::Result<T, Status> + Send + 'static,
+) -> std::result::Result<T, Status> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("worker failed: {e}")))?
+}
+
+/// Ends `timer` with `reply`'s outcome and passes the reply on.
+fn timed<T>(timer: RpcTimer, reply: std::result::Result<T, Status>) -> std::result::Result<T, Status> {
+    timer.finish(reply.is_ok());
+    reply
+}
+
+#[tonic::async_trait]
+impl Shard for ShardService {
+    async fn health(&self, _: Request<HealthRequest>) -> std::result::Result<Response<HealthReply>, Status> {
+        let timer = RpcTimer::start(&self.tables, Method::Health);
+        timed(timer, Ok(Response::new(HealthReply { shard: self.shard, incarnation: self.tables.incarnation() })))
+    }
+
+    async fn list_tables(
+        &self,
+        _: Request<ListTablesRequest>,
+    ) -> std::result::Result<Response<ListTablesReply>, Status> {
+        let timer = RpcTimer::start(&self.tables, Method::ListTables);
+        let tables = self.tables.served().iter().map(|t| self.info_reply(t)).collect::<std::result::Result<_, _>>();
+        let reply = tables.map(|tables| {
+            Response::new(ListTablesReply { shard: self.shard, incarnation: self.tables.incarnation(), tables })
+        });
+        timed(timer, reply)
+    }
+
+    async fn get_spec(&self, request: Request<SpecRequest>) -> std::result::Result<Response<SpecReply>, Status> {
+        let mut timer = RpcTimer::start(&self.tables, Method::GetSpec);
+        let reply = self.get_spec_of(request, &mut timer).await;
+        timed(timer, reply)
+    }
+
+    async fn info(&self, request: Request<InfoRequest>) -> std::result::Result<Response<InfoReply>, Status> {
+        let mut timer = RpcTimer::start(&self.tables, Method::Info);
+        let reply = self.info_of(request, &mut timer).await;
+        timed(timer, reply)
+    }
+
+    async fn sample(&self, request: Request<SampleRequest>) -> std::result::Result<Response<SampleReplyOut>, Status> {
+        // The timer goes with the reply; an early error drops it (counted
+        // as a failed call).
+        self.sample_of(request, RpcTimer::start(&self.tables, Method::Sample)).await
+    }
+
+    async fn connect_data_plane(
+        &self,
+        request: Request<crate::proto::ConnectRequest>,
+    ) -> std::result::Result<Response<crate::proto::ConnectReply>, Status> {
+        let mut timer = RpcTimer::start(&self.tables, Method::ConnectDataPlane);
+        let reply = self.accept_data_plane(request, &mut timer).await;
+        timed(timer, reply)
+    }
+
+    async fn update_priorities(
+        &self,
+        request: Request<UpdateRequest>,
+    ) -> std::result::Result<Response<UpdateReply>, Status> {
+        let mut timer = RpcTimer::start(&self.tables, Method::UpdatePriorities);
+        let reply = self.update_priorities_of(request, &mut timer).await;
+        timed(timer, reply)
+    }
+
+    async fn insert(
+        &self,
+        request: Request<Streaming<InsertChunk>>,
+    ) -> std::result::Result<Response<InsertReply>, Status> {
+        let mut timer = RpcTimer::start(&self.tables, Method::Insert);
+        let reply = self.insert_into(request, &mut timer).await;
+        timed(timer, reply)
     }
 }
 
@@ -328,22 +444,30 @@ impl Shard for ShardService {
 /// runtime (`gear serve`). Stops when dropped.
 pub struct ServerHandle {
     local_addr: SocketAddr,
+    tables: ServedTables,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
 impl std::fmt::Debug for ServerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerHandle").field("local_addr", &self.local_addr).finish()
+        f.debug_struct("ServerHandle").field("local_addr", &self.local_addr).field("tables", &self.tables).finish()
     }
 }
 
 impl ServerHandle {
     /// Binds `config.listen` (port 0 picks a free port) and serves `table`
-    /// on a background runtime. The data plane serves TCP, and RDMA where
-    /// the device `config.rdma` names can be opened.
+    /// (as [`DEFAULT_TABLE`]) on a background runtime. The data plane
+    /// serves TCP, and RDMA where the device `config.rdma` names can be
+    /// opened.
     pub fn start(table: ReplayTable, config: &ServerConfig, strategy: StrategyInfo) -> Result<Self> {
-        Self::start_inner(table, config, strategy, None)
+        Self::start_inner(ServedTables::single(table, strategy), config, None)
+    }
+
+    /// As [`ServerHandle::start`], for every table of `tables`, each
+    /// reached by its name.
+    pub fn serve(tables: ServedTables, config: &ServerConfig) -> Result<Self> {
+        Self::start_inner(tables, config, None)
     }
 
     /// As [`ServerHandle::start`], with `transport_server` serving the data
@@ -358,13 +482,22 @@ impl ServerHandle {
         strategy: StrategyInfo,
         transport_server: Box<dyn TransportServer>,
     ) -> Result<Self> {
-        Self::start_inner(table, config, strategy, Some(transport_server))
+        Self::start_inner(ServedTables::single(table, strategy), config, Some(transport_server))
+    }
+
+    /// As [`ServerHandle::serve`], with `transport_server` as in
+    /// [`ServerHandle::start_with_transport`].
+    pub fn serve_with_transport(
+        tables: ServedTables,
+        config: &ServerConfig,
+        transport_server: Box<dyn TransportServer>,
+    ) -> Result<Self> {
+        Self::start_inner(tables, config, Some(transport_server))
     }
 
     fn start_inner(
-        table: ReplayTable,
+        tables: ServedTables,
         config: &ServerConfig,
-        strategy: StrategyInfo,
         transport_server: Option<Box<dyn TransportServer>>,
     ) -> Result<Self> {
         crate::alloc::keep_message_buffers();
@@ -380,11 +513,11 @@ impl ServerHandle {
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build()?;
-        let service = ShardService::new(table.clone(), config.shard, strategy, max);
-        let (shard, incarnation, address) = (config.shard, service.incarnation(), local_addr.to_string());
+        let service = ShardService::serving(tables.clone(), config.shard, max);
+        let (shard, address) = (config.shard, local_addr.to_string());
         let data_plane = Arc::new(match transport_server {
-            None => DataPlaneServer::start(&table, shard, incarnation, address, &config.rdma)?,
-            Some(server) => DataPlaneServer::with_transport_server(&table, shard, incarnation, address, server)?,
+            None => DataPlaneServer::start(&tables, shard, address, &config.rdma)?,
+            Some(server) => DataPlaneServer::with_transport_server(&tables, shard, address, server)?,
         });
         let data_service = data_plane.tcp_service();
         let service = service.with_data_plane(data_plane);
@@ -420,7 +553,12 @@ impl ServerHandle {
                 Ok(())
             })
         })?;
-        Ok(ServerHandle { local_addr, stop: Some(stop), thread: Some(thread) })
+        Ok(ServerHandle { local_addr, tables, stop: Some(stop), thread: Some(thread) })
+    }
+
+    /// The tables served (for a [`MetricsServer`](crate::metrics::MetricsServer)).
+    pub fn tables(&self) -> &ServedTables {
+        &self.tables
     }
 
     /// The address the server listens on.

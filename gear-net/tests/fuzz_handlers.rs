@@ -176,13 +176,20 @@ fn server_is_intact() {
     }
 }
 
-const UNARY: [&str; 5] = [
+const UNARY: [&str; 6] = [
     "/gear.v1.Shard/Health",
+    "/gear.v1.Shard/ListTables",
     "/gear.v1.Shard/GetSpec",
     "/gear.v1.Shard/Info",
     "/gear.v1.Shard/Sample",
     "/gear.v1.Shard/UpdatePriorities",
 ];
+
+/// A table name as requests give it: none (the only table), the served
+/// one, or anything.
+fn table_name() -> impl Strategy<Value = String> {
+    prop_oneof![3 => Just(String::new()), 2 => Just(gear_net::DEFAULT_TABLE.to_owned()), 1 => any::<String>()]
+}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
@@ -204,6 +211,7 @@ proptest! {
         ranges in any::<bool>(),
         incarnation in prop_oneof![3 => Just(0u64), 1 => any::<u64>()],
         data_plane_session in any::<u64>(),
+        table in table_name(),
     ) {
         let body = SampleRequest {
             rows,
@@ -215,6 +223,7 @@ proptest! {
             ranges,
             incarnation,
             data_plane_session,
+            table,
         }
         .encode_to_vec();
         unary("/gear.v1.Shard/Sample", body);
@@ -223,7 +232,8 @@ proptest! {
 
     #[test]
     fn well_formed_but_absurd_priority_updates_never_panic(
-        updates in proptest::collection::vec((any::<u32>(), any::<u64>(), 0..20u32, any::<u32>(), any::<f64>(), any::<bool>()), 0..8)
+        updates in proptest::collection::vec((any::<u32>(), any::<u64>(), 0..20u32, any::<u32>(), any::<f64>(), any::<bool>()), 0..8),
+        table in table_name(),
     ) {
         let updates = updates
             .into_iter()
@@ -232,7 +242,7 @@ proptest! {
                 priority,
             })
             .collect();
-        unary("/gear.v1.Shard/UpdatePriorities", UpdateRequest { updates }.encode_to_vec());
+        unary("/gear.v1.Shard/UpdatePriorities", UpdateRequest { updates, table }.encode_to_vec());
         server_is_intact();
     }
 
@@ -245,16 +255,17 @@ proptest! {
     #[test]
     fn well_formed_but_absurd_chunks_never_panic(
         chunks in proptest::collection::vec(
-            (any::<u64>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..4), proptest::option::of(any::<f64>()), any::<bool>()),
+            (any::<u64>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..4), proptest::option::of(any::<f64>()), any::<bool>(), table_name()),
             1..6,
         )
     ) {
         let messages = chunks
             .into_iter()
-            .map(|(steps, columns, priority, end)| {
+            .map(|(steps, columns, priority, end, table)| {
                 // Mostly small step counts, so some chunks pass the size checks.
                 let steps = if steps % 4 == 0 { steps } else { steps % 9 };
-                InsertChunk { steps, columns: columns.into_iter().map(Into::into).collect(), priority, end }.encode_to_vec()
+                let columns = columns.into_iter().map(Into::into).collect();
+                InsertChunk { steps, columns, priority, end, table }.encode_to_vec()
             })
             .collect();
         insert_stream(messages);

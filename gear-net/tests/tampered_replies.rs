@@ -8,7 +8,7 @@ use gear_core::{ColumnSpec, DType, TableSpec, WindowSpec};
 use gear_net::proto::shard_server::{Shard, ShardServer};
 use gear_net::proto::{
     ConnectReply, ConnectRequest, HealthReply, HealthRequest, InfoReply, InfoRequest, InsertChunk, InsertReply,
-    SampleRequest, SpecReply, SpecRequest, UpdateReply, UpdateRequest,
+    ListTablesReply, ListTablesRequest, SampleRequest, SpecReply, SpecRequest, UpdateReply, UpdateRequest,
 };
 use gear_net::server::SampleReplyOut;
 use gear_net::{
@@ -59,6 +59,9 @@ struct TamperingShard {
 impl Shard for TamperingShard {
     async fn health(&self, r: Request<HealthRequest>) -> Result<Response<HealthReply>, Status> {
         self.inner.health(r).await
+    }
+    async fn list_tables(&self, r: Request<ListTablesRequest>) -> Result<Response<ListTablesReply>, Status> {
+        self.inner.list_tables(r).await
     }
     async fn get_spec(&self, r: Request<SpecRequest>) -> Result<Response<SpecReply>, Status> {
         self.inner.get_spec(r).await

@@ -129,3 +129,72 @@ fn most_free_writes_go_to_the_emptiest_shard() {
     let keys = after.insert(WriteTarget::MostFree, vec![trajectory(10, 1)], 0).unwrap();
     assert_eq!(shards(keys), vec![0]);
 }
+
+/// The bytes of steps `from..to` of trajectory `id` (ids `id * 10 + step`).
+fn steps(id: i64, from: i64, to: i64) -> bytes::Bytes {
+    (from..to).flat_map(|s| (id * 10 + s).to_le_bytes()).collect::<Vec<u8>>().into()
+}
+
+#[test]
+fn a_streamed_trajectory_commits_at_its_end_even_after_longer_than_the_call_deadline() {
+    let server = shard(0, 0);
+    let mut config = ClusterConfig::new(vec![server.local_addr().to_string()], TOKEN);
+    // Shorter than the pause between the chunks below: the stream must not
+    // be held to the call deadline (it is open-ended).
+    config.call_timeout = Duration::from_millis(400);
+    let cluster = ClusterClient::new(config).unwrap();
+    let chunk = Duration::from_secs(1);
+    let mut stream = cluster.open_trajectory(WriteTarget::RoundRobin).unwrap();
+    assert_eq!(stream.shard(), 0);
+    assert!(stream.send(2, vec![steps(7, 0, 2)], Some(3.0), chunk).unwrap());
+    assert!(stream.started());
+    std::thread::sleep(Duration::from_millis(900));
+    assert!(stream.send(1, vec![steps(7, 2, 3)], None, chunk).unwrap());
+    assert!(stream.send_end(1, vec![steps(7, 3, 4)], None, chunk).unwrap());
+    let mut key = None;
+    for _ in 0..50 {
+        key = stream.key(Duration::from_millis(100)).unwrap();
+        if key.is_some() {
+            break;
+        }
+    }
+    let key = key.expect("the shard confirmed the trajectory");
+    assert_eq!(key.shard, 0);
+    let request = ClusterSample { rows: 4, window: WindowSpec::first(MAX_LEN), columns: vec![] };
+    let b = cluster.sample_shard(0, &request).unwrap();
+    let ids: Vec<i64> = b.columns[0][..32].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(ids, vec![70, 71, 72, 73]);
+    assert_eq!(b.lengths[0], 4);
+}
+
+#[test]
+fn a_stream_dropped_or_refused_before_its_end_stores_nothing() {
+    let server = shard(0, 0);
+    let cluster = client(&[&server], Duration::from_millis(500));
+    let second = Duration::from_secs(1);
+    let mut stream = cluster.open_trajectory(WriteTarget::Shard(0)).unwrap();
+    assert!(stream.send(2, vec![steps(1, 0, 2)], None, second).unwrap());
+    drop(stream);
+    // A chunk of the wrong size is refused; the stream's status says why.
+    // The refusal is asynchronous: a send fails once the shard's status
+    // has ended the call, so keep sending (paced) until it has.
+    let paced = || std::thread::sleep(Duration::from_millis(25));
+    let mut bad = cluster.open_trajectory(WriteTarget::Shard(0)).unwrap();
+    let refused = (0..200)
+        .find_map(|_| {
+            paced();
+            bad.send(1, vec![vec![0u8; 5].into()], None, second).err()
+        })
+        .expect("the shard refused the chunk");
+    assert!(refused.to_string().contains("bytes"), "{refused}");
+    // Too many steps for the table's max_len: refused as well.
+    let mut long = cluster.open_trajectory(WriteTarget::Shard(0)).unwrap();
+    let err = (0..200).find_map(|_| {
+        paced();
+        long.send(MAX_LEN + 1, vec![steps(2, 0, MAX_LEN as i64 + 1)], None, second).err()
+    });
+    assert!(err.is_some());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(cluster.info(0).unwrap().size, 0);
+    assert!(matches!(cluster.open_trajectory(WriteTarget::Shard(3)), Err(Error::Config(_))));
+}

@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
 # Builds the `gear` Python package into a local virtual environment
-# (target/gear-py-venv, from PyPI: maturin, numpy, pytest, pytest-timeout, h5py
-# for the HDF5 cross-check against the C library),
-# runs the pytest suite, then the CartPole DQN example in its short form.
-# torch is not installed (a CPU wheel is ~200 MB): its tests skip with a
-# reason; set GEAR_PY_TORCH=1 to install torch (CPU) and run them too.
+# (target/gear-py-venv, from PyPI: maturin, numpy, pytest, pytest-timeout,
+# h5py for the HDF5 cross-check against the C library, torch and jax[cpu]
+# so the torch, DLPack and JAX tests run), builds the `gear` binary the
+# cluster tests start as shard servers, runs the pytest suite, then the
+# examples in their short forms.
+#
+# torch comes from the ordinary package index (the default wheel, with its
+# CUDA libraries, ~5 GB; it runs on the CPU). A venv that already has
+# torch and jax is reused as it is: a second run installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="$(cd .. && pwd)/target/gear-py-venv"
+root="$(cd .. && pwd)"
+venv="$root/target/gear-py-venv"
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
 pip=("$venv/bin/pip" install -q --disable-pip-version-check)
-"${pip[@]}" "maturin>=1.5,<2" "numpy>=1.22" pytest pytest-timeout h5py
-if [ "${GEAR_PY_TORCH:-0}" = 1 ]; then
-    "${pip[@]}" torch --index-url https://download.pytorch.org/whl/cpu
+if ! "$venv/bin/python" -c "import maturin, numpy, pytest, pytest_timeout, h5py" 2>/dev/null; then
+    "${pip[@]}" "maturin>=1.5,<2" "numpy>=1.22" pytest pytest-timeout h5py
+fi
+if ! "$venv/bin/python" -c "import torch, jax" 2>/dev/null; then
+    "${pip[@]}" torch "jax[cpu]"
 fi
 export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
+# torch, JAX and the cluster's shard servers must be there: their tests
+# fail instead of skipping.
+export GEAR_REQUIRE_TORCH=1
+# The shard servers. The test profile is what `cargo test --workspace`
+# (earlier in .ci/run) built, so this reuses its artifacts.
+cargo build -q --profile test -p gear-cli --bin gear
+export GEAR_BIN="$root/target/debug/gear"
 # A debug build installed in place (editable); `maturin build --release`
 # makes the wheel to ship.
 maturin develop --quiet
@@ -24,3 +38,4 @@ python -m pytest -q tests
 # Bounded like the tests: a hang fails CI instead of stalling it.
 timeout 300 python examples/cartpole_dqn.py --steps 4000 --check-loss-falls
 timeout 120 python examples/r2d2_sequences.py --updates 200
+timeout 300 python examples/cluster_dqn.py --steps 4000 --check-loss-falls

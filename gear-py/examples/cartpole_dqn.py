@@ -11,10 +11,16 @@ example needs nothing but `gear` and NumPy.
 
 The full run stops when the greedy policy's average return over 20
 evaluation episodes reaches 195 (printed with the environment steps it
-took), or after --steps environment steps (default 300000). The default
-run (seed 0, 2 actors of 4 environments) solved CartPole after 9,125
-environment steps on our machine; actor processes run freely, so their
-timing makes runs differ a little.
+took), or after --steps environment steps (default 300000).
+
+Runs are not reproducible step for step, even with the fixed seed:
+environments, exploration and the network are seeded, but the actor
+processes run freely, so which transitions the learner has drawn by a
+given update depends on their timing. Measured spread: five runs of the
+default (seed 0, 2 actors of 4 environments) on our 2-core machine solved
+CartPole after 5,115, 5,121, 5,125, 5,125 and 9,125 environment steps
+(the policy is evaluated every 2,000 updates, about 4,000 steps apart), in
+7 to 19 s; a run on another machine under load needed 61,125.
 """
 
 from __future__ import annotations

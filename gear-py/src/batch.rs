@@ -100,11 +100,77 @@ fn too_large() -> Error {
     Error::Spec("batch buffer size overflows the address space".into())
 }
 
+/// A cluster batch's columns as the cluster client received them: one
+/// allocation per column, which the batch adopts instead of copying.
+#[derive(Debug)]
+pub(crate) struct ReceivedColumns {
+    columns: Vec<Vec<u8>>,
+}
+
+impl ReceivedColumns {
+    /// Adopts `columns` if every one is aligned for `align[i]`-byte
+    /// elements (allocations of the size of a batch column always are);
+    /// gives them back otherwise.
+    pub(crate) fn adopt(columns: Vec<Vec<u8>>, align: &[usize]) -> std::result::Result<Self, Vec<Vec<u8>>> {
+        let aligned = columns.len() == align.len()
+            && columns.iter().zip(align).all(|(c, &a)| c.is_empty() || (c.as_ptr() as usize).is_multiple_of(a.max(1)));
+        if aligned {
+            Ok(ReceivedColumns { columns })
+        } else {
+            Err(columns)
+        }
+    }
+}
+
+/// The memory of one batch: a buffer of the sampler's pool, or the
+/// columns a cluster batch arrived in.
+#[derive(Clone, Debug)]
+pub(crate) enum BatchMemory {
+    /// One aligned allocation holding every column.
+    Pooled(Arc<BatchStorage>),
+    /// One allocation per column.
+    Received(Arc<ReceivedColumns>),
+}
+
+impl BatchMemory {
+    /// Start of column `i`.
+    pub(crate) fn column_ptr(&self, i: usize) -> *mut u8 {
+        match self {
+            BatchMemory::Pooled(s) => s.column_ptr(i),
+            // Only ever read through this pointer while the `Arc` lives
+            // (NumPy arrays and DLPack capsules keep it).
+            BatchMemory::Received(r) => r.columns[i].as_ptr() as *mut u8,
+        }
+    }
+
+    fn address(&self) -> usize {
+        match self {
+            BatchMemory::Pooled(s) => s.address(),
+            BatchMemory::Received(r) => r.columns.first().map_or(0, |c| c.as_ptr() as usize),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            BatchMemory::Pooled(s) => s.nbytes(),
+            BatchMemory::Received(r) => r.columns.iter().map(Vec::len).sum(),
+        }
+    }
+
+    /// What keeps the memory alive for a DLPack consumer.
+    fn keepalive(&self) -> dlpack::Keepalive {
+        match self {
+            BatchMemory::Pooled(s) => s.clone(),
+            BatchMemory::Received(r) => r.clone(),
+        }
+    }
+}
+
 /// The Python object that keeps a batch buffer alive: the base object of
 /// every NumPy array over it.
 #[pyclass(module = "gear._gear", frozen)]
 pub struct BatchBuffer {
-    pub(crate) storage: Arc<BatchStorage>,
+    pub(crate) memory: BatchMemory,
 }
 
 #[pymethods]
@@ -112,13 +178,13 @@ impl BatchBuffer {
     /// Address of the buffer's first byte.
     #[getter]
     fn address(&self) -> usize {
-        self.storage.address()
+        self.memory.address()
     }
 
     /// Size of the buffer in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.storage.nbytes()
+        self.memory.nbytes()
     }
 }
 
@@ -195,16 +261,18 @@ impl RowFacts {
 
 /// One sampled batch. `batch["obs"]` (or `batch.columns["obs"]`) is a
 /// `[rows, window, *shape]` array; `keys`, `lengths`, `mask`,
-/// `probabilities`, `weights` and `starts` describe the rows. The column
-/// arrays are views over the batch's own buffer (no copy), valid for as
-/// long as you keep them: the sampler never reuses a buffer something
-/// still references.
+/// `probabilities`, `weights` and `starts` describe the rows; `lost` and
+/// `rejoined` list the shards a cluster batch left out or saw come back
+/// (empty for a local table). The column arrays are views over the
+/// batch's own buffer (no copy), valid for as long as you keep them: the
+/// sampler never reuses a buffer something still references.
 #[pyclass(module = "gear._gear", frozen)]
 pub struct Batch {
     /// Column name -> array.
     #[pyo3(get)]
     columns: Py<PyDict>,
-    /// Key of each row (`uint64`), for `Table.update_priorities`.
+    /// Key of each row, for `update_priorities`: `uint64` for a local
+    /// table, `gear.CLUSTER_KEY_DTYPE` records for a cluster.
     #[pyo3(get)]
     keys: Py<PyAny>,
     /// Valid steps of each row (`int64`).
@@ -226,8 +294,28 @@ pub struct Batch {
     /// whose columns are the caller's arrays).
     #[pyo3(get)]
     buffer: Option<Py<BatchBuffer>>,
+    /// Shards of a cluster left out of this batch (their rows came from
+    /// the others); empty for a local table.
+    #[pyo3(get)]
+    lost: Vec<usize>,
+    /// Why each shard in `lost` was left out: shard -> reason.
+    #[pyo3(get)]
+    lost_reasons: Py<PyDict>,
+    /// Shards of a cluster that answered again (after being lost, or as a
+    /// new run); keys of their earlier runs are stale.
+    #[pyo3(get)]
+    rejoined: Vec<usize>,
     infos: Arc<[ColumnInfo]>,
     window: usize,
+}
+
+/// What a cluster batch adds to a local one.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ShardReport {
+    /// `(shard, reason)` of every shard left out.
+    pub(crate) lost: Vec<(usize, String)>,
+    /// Shards that rejoined.
+    pub(crate) rejoined: Vec<usize>,
 }
 
 impl Batch {
@@ -235,11 +323,29 @@ impl Batch {
     pub(crate) fn new(
         py: Python<'_>,
         columns: Bound<'_, PyDict>,
+        mut facts: RowFacts,
+        window: usize,
+        pad: Pad,
+        infos: Arc<[ColumnInfo]>,
+        buffer: Option<Py<BatchBuffer>>,
+    ) -> Result<Batch> {
+        let keys = numpy::PyArray1::from_vec(py, std::mem::take(&mut facts.keys)).into_any();
+        Self::with_keys(py, columns, keys, facts, window, pad, infos, buffer, ShardReport::default())
+    }
+
+    /// Builds a batch whose keys are `keys` (the `keys` of `facts` are
+    /// not used), with a cluster's shard report.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn with_keys(
+        py: Python<'_>,
+        columns: Bound<'_, PyDict>,
+        keys: Bound<'_, PyAny>,
         facts: RowFacts,
         window: usize,
         pad: Pad,
         infos: Arc<[ColumnInfo]>,
         buffer: Option<Py<BatchBuffer>>,
+        report: ShardReport,
     ) -> Result<Batch> {
         let rows = facts.lengths.len();
         let mut mask = vec![false; rows * window];
@@ -252,15 +358,22 @@ impl Batch {
             }
         }
         let mask = numpy::PyArray1::from_vec(py, mask).reshape([rows, window])?;
+        let lost_reasons = PyDict::new(py);
+        for (shard, reason) in &report.lost {
+            lost_reasons.set_item(shard, reason)?;
+        }
         Ok(Batch {
             columns: columns.unbind(),
-            keys: numpy::PyArray1::from_vec(py, facts.keys).into_any().unbind(),
+            keys: keys.unbind(),
             lengths: numpy::PyArray1::from_vec(py, facts.lengths).into_any().unbind(),
             mask: mask.into_any().unbind(),
             probabilities: numpy::PyArray1::from_vec(py, facts.probabilities).into_any().unbind(),
             weights: numpy::PyArray1::from_vec(py, facts.weights).into_any().unbind(),
             starts: numpy::PyArray1::from_vec(py, facts.starts).into_any().unbind(),
             buffer,
+            lost: report.lost.iter().map(|(s, _)| *s).collect(),
+            lost_reasons: lost_reasons.unbind(),
+            rejoined: report.rejoined,
             infos,
             window,
         })
@@ -315,15 +428,20 @@ impl Batch {
             self.infos.iter().enumerate().find(|(_, c)| c.name == name).ok_or_else(|| {
                 pyo3::exceptions::PyKeyError::new_err(format!("column `{name}` is not in this batch"))
             })?;
-        let storage = buffer.bind(py).get().storage.clone();
+        let memory = &buffer.bind(py).get().memory;
         let mut shape = vec![self.rows(py)?, self.window];
         shape.extend(&info.shape);
-        Ok(DlpackColumn::new(storage.column_ptr(i) as usize, shape, info.dtype, DlDevice::CPU, storage))
+        Ok(DlpackColumn::new(memory.column_ptr(i) as usize, shape, info.dtype, DlDevice::CPU, memory.keepalive()))
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let names: Vec<&str> = self.infos.iter().map(|c| c.name.as_str()).collect();
-        Ok(format!("Batch(rows={}, window={}, columns={names:?})", self.rows(py)?, self.window))
+        let shards = if self.lost.is_empty() && self.rejoined.is_empty() {
+            String::new()
+        } else {
+            format!(", lost={:?}, rejoined={:?}", self.lost, self.rejoined)
+        };
+        Ok(format!("Batch(rows={}, window={}, columns={names:?}{shards})", self.rows(py)?, self.window))
     }
 }
 
@@ -401,18 +519,160 @@ pub(crate) fn column_arrays<'py>(
     window: usize,
 ) -> Result<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    let storage = &buffer.get().storage;
+    let memory = &buffer.get().memory;
     for (i, info) in infos.iter().enumerate() {
         let mut shape = vec![rows, window];
         shape.extend(&info.shape);
-        // SAFETY: column `i` of the storage holds exactly `shape` elements
-        // of the column's dtype (the sampler's layout sized it), aligned to
-        // 64 bytes; `buffer` owns the storage and becomes the array's base.
-        let array =
-            unsafe { array_view(descrs[i].bind(py), &shape, storage.column_ptr(i), buffer.clone().into_any())? };
+        // SAFETY: column `i` of the memory holds exactly `shape` elements
+        // of the column's dtype (the sampler's layout sized a pooled
+        // buffer, 64-byte aligned; a received column was checked against
+        // the shape and adopted only if aligned for its dtype); `buffer`
+        // owns the memory and becomes the array's base.
+        let array = unsafe { array_view(descrs[i].bind(py), &shape, memory.column_ptr(i), buffer.clone().into_any())? };
         dict.set_item(&info.name, array)?;
     }
     Ok(dict)
+}
+
+/// Column names, in order.
+pub(crate) fn names(infos: &[ColumnInfo]) -> Vec<String> {
+    infos.iter().map(|c| c.name.clone()).collect()
+}
+
+/// `{column: (numpy dtype name, shape)}` of the arrays `sample_into` takes.
+pub(crate) fn output_spec<'py>(
+    py: Python<'py>,
+    infos: &[ColumnInfo],
+    rows: usize,
+    window: usize,
+) -> Result<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for c in infos {
+        let mut shape = vec![rows, window];
+        shape.extend(&c.shape);
+        d.set_item(&c.name, (dtype::numpy_name(c.dtype), pyo3::types::PyTuple::new(py, shape)?))?;
+    }
+    Ok(d)
+}
+
+/// The caller's arrays a `sample_into` fills, checked: one per column,
+/// each of the column's dtype and batch shape, C-contiguous, writeable,
+/// none overlapping another.
+pub(crate) struct OutputArrays<'py> {
+    /// The objects given, in column order (returned as the batch's columns).
+    given: Vec<Bound<'py, PyAny>>,
+    /// NumPy arrays over the same memory (kept alive while it is filled).
+    _arrays: Vec<Bound<'py, PyUntypedArray>>,
+    /// `(address, bytes)` of each column's memory.
+    pub(crate) ranges: Vec<(usize, usize)>,
+}
+
+impl<'py> OutputArrays<'py> {
+    /// Checks `out`: a dict of column name -> array, or a list in column
+    /// order; arrays, or objects NumPy views without a copy (torch CPU
+    /// tensors, pinned ones and `torch.bfloat16` ones included).
+    pub(crate) fn parse(out: &Bound<'py, PyAny>, infos: &[ColumnInfo], rows: usize, window: usize) -> Result<Self> {
+        use pyo3::types::{PyList, PyTuple};
+        let py = out.py();
+        let np = py.import("numpy")?;
+        let given: Vec<Bound<'py, PyAny>> = if let Ok(d) = out.cast::<PyDict>() {
+            for key in d.keys() {
+                let name: String = key.extract()?;
+                if !infos.iter().any(|c| c.name == name) {
+                    return Err(Error::Step(format!(
+                        "unknown column `{name}`: this sampler gathers {:?}",
+                        names(infos)
+                    )));
+                }
+            }
+            let mut v = Vec::new();
+            for c in infos {
+                v.push(
+                    d.get_item(&c.name)?
+                        .ok_or_else(|| Error::Step(format!("no output array for column `{}`", c.name)))?,
+                );
+            }
+            v
+        } else if out.is_instance_of::<PyList>() || out.is_instance_of::<PyTuple>() {
+            out.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            return Err(Error::Step(
+                "sample_into takes a dict of column name -> array, or a list in column order".into(),
+            ));
+        };
+        if given.len() != infos.len() {
+            return Err(Error::Step(format!(
+                "{} output arrays given, the sampler gathers {} columns",
+                given.len(),
+                infos.len()
+            )));
+        }
+        let mut arrays = Vec::with_capacity(given.len());
+        let mut ranges = Vec::with_capacity(given.len());
+        for (obj, info) in given.iter().zip(infos) {
+            // Tensors and other array-likes: NumPy views of their memory
+            // (torch CPU tensors share it); a copy would be filled in vain,
+            // so the view must share memory with the object.
+            let array = match obj.cast::<PyUntypedArray>() {
+                Ok(a) => a.clone(),
+                Err(_) => {
+                    let bits = bf16_bits(obj, info)?;
+                    let a = match &bits {
+                        Some(bits) => np.call_method1("asarray", (bits,))?.call_method1("view", ("uint16",))?,
+                        None => np.call_method1("asarray", (obj,))?,
+                    };
+                    let a = a.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))?;
+                    // (NumPy cannot read a bfloat16 tensor to compare with;
+                    // its int16 view shares the tensor's memory.)
+                    let source = bits.as_ref().unwrap_or(obj);
+                    if !np
+                        .call_method1("shares_memory", (&a, source))
+                        .and_then(|r| r.extract::<bool>())
+                        .unwrap_or(false)
+                    {
+                        return Err(Error::Step(format!(
+                            "output for column `{}` is not an array whose memory NumPy can write in place",
+                            info.name
+                        )));
+                    }
+                    a
+                }
+            };
+            ranges.push(check_output(&array, info, rows, window)?);
+            arrays.push(array);
+        }
+        let mut sorted = ranges.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(Error::Step("output arrays overlap".into()));
+        }
+        Ok(OutputArrays { given, _arrays: arrays, ranges })
+    }
+
+    /// The batch's columns: the objects given, by name.
+    pub(crate) fn columns(&self, py: Python<'py>, infos: &[ColumnInfo]) -> Result<Bound<'py, PyDict>> {
+        let columns = PyDict::new(py);
+        for (info, obj) in infos.iter().zip(&self.given) {
+            columns.set_item(&info.name, obj)?;
+        }
+        Ok(columns)
+    }
+}
+
+/// A `torch.bfloat16` tensor for a bf16 column, viewed as `torch.int16`
+/// (NumPy has no bfloat16, and torch refuses to hand one to NumPy): the
+/// same memory, the same two bytes per element, which the caller views as
+/// `uint16`, the column's raw bits. `None` for anything else.
+fn bf16_bits<'py>(obj: &Bound<'py, PyAny>, info: &ColumnInfo) -> Result<Option<Bound<'py, PyAny>>> {
+    if info.dtype != DType::BF16 {
+        return Ok(None);
+    }
+    let Ok(dtype) = obj.getattr("dtype") else { return Ok(None) };
+    if dtype.str().map(|s| s.to_string()).ok().as_deref() != Some("torch.bfloat16") {
+        return Ok(None);
+    }
+    let torch = obj.py().import("torch")?;
+    Ok(Some(obj.call_method1("view", (torch.getattr("int16")?,))?))
 }
 
 /// Checks that `array` can receive column `info` of a batch of `rows`

@@ -2,7 +2,7 @@
 //!
 //! The `gear` Python module (imported as `gear`, built as `gear._gear`
 //! by maturin): GEAR-rs replay tables from Python, over gear-api's public
-//! API only.
+//! API, and clusters of shard servers over gear-net's client.
 //!
 //! Contract: every call that copies or waits releases the GIL; waits run
 //! in slices so Ctrl-C interrupts them; every Rust error becomes a Python
@@ -13,6 +13,7 @@
 //! alive, and a sampler reuses a buffer only once nothing references it.
 
 mod batch;
+mod cluster;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod dlpack;
@@ -47,6 +48,11 @@ fn _gear(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::Batch>()?;
     m.add_class::<batch::BatchBuffer>()?;
     m.add_class::<batch::DlpackColumn>()?;
+    m.add_class::<cluster::Cluster>()?;
+    m.add_class::<cluster::ClusterSampler>()?;
+    m.add_class::<cluster::ClusterWriter>()?;
+    m.add_class::<cluster::ClusterTrajectory>()?;
+    m.add("CLUSTER_KEY_DTYPE", cluster::key_dtype(py)?)?;
     #[cfg(feature = "cuda")]
     m.add_class::<cuda::CudaSampler>()?;
     m.add_function(wrap_pyfunction!(sequence_priority, m)?)?;
@@ -54,9 +60,13 @@ fn _gear(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hdf5::export_hdf5, m)?)?;
     m.add("GearError", py.get_type::<error::GearError>())?;
     m.add("ClosedError", py.get_type::<error::ClosedError>())?;
-    m.add("TimeoutError", py.get_type::<error::TimeoutError>())?;
+    m.add("TimeoutError", error::timeout_error(py)?)?;
     m.add("StaleKeyError", py.get_type::<error::StaleKeyError>())?;
     m.add("SpecError", py.get_type::<error::SpecError>())?;
     m.add("StepError", py.get_type::<error::StepError>())?;
+    m.add("CheckpointError", py.get_type::<error::CheckpointError>())?;
+    m.add("ShardLostError", py.get_type::<error::ShardLostError>())?;
+    m.add("AuthError", py.get_type::<error::AuthError>())?;
+    m.add("PartialInsertError", py.get_type::<error::PartialInsertError>())?;
     Ok(())
 }

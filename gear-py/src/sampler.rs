@@ -1,14 +1,14 @@
 //! `gear.Sampler`: batches into buffers the batch owns (`sample`), or into
 //! the caller's arrays (`sample_into`), and iteration.
 
-use crate::batch::{self, Batch, BatchBuffer, BatchStorage, ColumnInfo, RowFacts};
+use crate::batch::{self, Batch, BatchBuffer, BatchMemory, BatchStorage, ColumnInfo, RowFacts};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::wait;
 use gear_core::Pad;
-use numpy::{PyArrayDescr, PyUntypedArray};
+use numpy::PyArrayDescr;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::PyDict;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,7 +82,7 @@ impl Sampler {
                 return Err(e);
             }
         };
-        let buffer = Bound::new(py, BatchBuffer { storage: storage.clone() })?;
+        let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage.clone()) })?;
         if self.pool.len() < POOLED_BUFFERS {
             self.pool.push(storage);
         }
@@ -97,67 +97,8 @@ impl Sampler {
     }
 
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
-        let np = py.import("numpy")?;
-        let given: Vec<Bound<'_, PyAny>> = if let Ok(d) = out.cast::<PyDict>() {
-            for key in d.keys() {
-                let name: String = key.extract()?;
-                if !self.infos.iter().any(|c| c.name == name) {
-                    return Err(Error::Step(format!(
-                        "unknown column `{name}`: this sampler gathers {:?}",
-                        self.names()
-                    )));
-                }
-            }
-            let mut v = Vec::new();
-            for c in self.infos.iter() {
-                v.push(
-                    d.get_item(&c.name)?
-                        .ok_or_else(|| Error::Step(format!("no output array for column `{}`", c.name)))?,
-                );
-            }
-            v
-        } else if out.is_instance_of::<PyList>() || out.is_instance_of::<PyTuple>() {
-            out.try_iter()?.collect::<PyResult<_>>()?
-        } else {
-            return Err(Error::Step(
-                "sample_into takes a dict of column name -> array, or a list in column order".into(),
-            ));
-        };
-        if given.len() != self.infos.len() {
-            return Err(Error::Step(format!(
-                "{} output arrays given, the sampler gathers {} columns",
-                given.len(),
-                self.infos.len()
-            )));
-        }
-        let mut arrays = Vec::with_capacity(given.len());
-        let mut ranges = Vec::with_capacity(given.len());
-        for (obj, info) in given.iter().zip(self.infos.iter()) {
-            // Tensors and other array-likes: NumPy views of their memory
-            // (torch CPU tensors share it); a copy would be filled in vain,
-            // so the view must share memory with the object.
-            let array = match obj.cast::<PyUntypedArray>() {
-                Ok(a) => a.clone(),
-                Err(_) => {
-                    let a = np.call_method1("asarray", (obj,))?;
-                    let a = a.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))?;
-                    if !np.call_method1("shares_memory", (&a, obj)).and_then(|r| r.extract::<bool>()).unwrap_or(false) {
-                        return Err(Error::Step(format!(
-                            "output for column `{}` is not an array whose memory NumPy can write in place",
-                            info.name
-                        )));
-                    }
-                    a
-                }
-            };
-            ranges.push(batch::check_output(&array, info, self.rows, self.window)?);
-            arrays.push(array);
-        }
-        let mut sorted = ranges.clone();
-        sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
-            return Err(Error::Step("output arrays overlap".into()));
-        }
+        let outputs = batch::OutputArrays::parse(out, &self.infos, self.rows, self.window)?;
+        let ranges = outputs.ranges.clone();
         let inner = &mut self.inner;
         let facts = wait::interruptible(py, self.timeout, || {
             let mut columns: Vec<&mut [u8]> = ranges
@@ -171,16 +112,12 @@ impl Sampler {
             let rows = inner.sample_into(&mut columns)?;
             Ok(RowFacts::from_rows(&rows))
         })?;
-        let columns = PyDict::new(py);
-        for (info, array) in self.infos.iter().zip(&given) {
-            columns.set_item(&info.name, array)?;
-        }
-        drop(arrays);
+        let columns = outputs.columns(py, &self.infos)?;
         Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), None)
     }
 
     fn names(&self) -> Vec<String> {
-        self.infos.iter().map(|c| c.name.clone()).collect()
+        batch::names(&self.infos)
     }
 }
 
@@ -224,13 +161,7 @@ impl Sampler {
     /// `{column: (numpy dtype name, shape)}` of the arrays `sample_into`
     /// takes.
     fn output_spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        for c in self.infos.iter() {
-            let mut shape = vec![self.rows, self.window];
-            shape.extend(&c.shape);
-            d.set_item(&c.name, (dtype::numpy_name(c.dtype), PyTuple::new(py, shape)?))?;
-        }
-        Ok(d)
+        Ok(batch::output_spec(py, &self.infos, self.rows, self.window)?)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

@@ -24,6 +24,30 @@ pub(crate) fn float_vec(value: &Bound<'_, PyAny>, what: &str) -> Result<Vec<f64>
     Ok(array.call_method0("tolist")?.extract()?)
 }
 
+/// The window a sampler's `window`, `offset` and `pad` arguments describe
+/// for trajectories of at most `max_len` steps, checked (a bad one is a
+/// `SpecError`).
+pub(crate) fn window_spec(
+    max_len: u64,
+    window: Option<u64>,
+    offset: Option<i64>,
+    pad: Option<&str>,
+) -> Result<WindowSpec> {
+    let mut w = match (window, offset) {
+        (None, None) => WindowSpec::whole(max_len),
+        (Some(l), None) => WindowSpec::last(l),
+        (l, Some(o)) => WindowSpec { offset: o, len: l.unwrap_or(max_len), pad: Pad::Tail },
+    };
+    match pad {
+        None => {}
+        Some("head") => w.pad = Pad::Head,
+        Some("tail") => w.pad = Pad::Tail,
+        Some(other) => return Err(Error::Spec(format!("pad must be \"head\" or \"tail\", got {other:?}"))),
+    }
+    w.validate(max_len)?;
+    Ok(w)
+}
+
 /// How the table paces writers and samplers (Reverb's rate limiters).
 #[pyclass(module = "gear._gear", frozen, from_py_object)]
 #[derive(Clone, Debug)]
@@ -125,7 +149,7 @@ fn parse_columns(columns: &Bound<'_, PyAny>) -> Result<Vec<ColumnSpec>> {
     Ok(out)
 }
 
-fn infos_of(spec: &TableSpec) -> Arc<[ColumnInfo]> {
+pub(crate) fn infos_of(spec: &TableSpec) -> Arc<[ColumnInfo]> {
     spec.columns()
         .iter()
         .map(|c| ColumnInfo {
@@ -134,6 +158,70 @@ fn infos_of(spec: &TableSpec) -> Arc<[ColumnInfo]> {
             shape: c.shape().iter().map(|&d| d as usize).collect(),
         })
         .collect()
+}
+
+/// What `Table(...)` and `Table.restore(...)` take besides the columns
+/// and sizes.
+struct TableOptions<'a> {
+    sampler: &'a str,
+    remover: &'a str,
+    alpha: f64,
+    beta: f64,
+    stratified: bool,
+    max_times_sampled: Option<u64>,
+    rate_limiter: Option<RateLimiter>,
+    name: Option<String>,
+    seed: u64,
+    sample_while_writing: bool,
+    collector_threads: Option<usize>,
+}
+
+impl TableOptions<'_> {
+    /// The builder of the table these options describe, and its columns.
+    fn builder(
+        self,
+        columns: &Bound<'_, PyAny>,
+        max_len: u64,
+        capacity: u64,
+    ) -> Result<(gear_api::TableBuilder, Arc<[ColumnInfo]>)> {
+        let spec = TableSpec::new(parse_columns(columns)?, max_len, capacity)?;
+        let infos = infos_of(&spec);
+        let params = StrategyParams { alpha: self.alpha, beta: self.beta, stratified: self.stratified };
+        let mut b = ReplayTable::builder(spec)
+            .sampler_kind(strategy(self.sampler)?, params)
+            .remover_kind(strategy(self.remover)?)
+            .seed(self.seed)
+            .sample_while_writing(self.sample_while_writing);
+        if let Some(n) = self.max_times_sampled {
+            b = b.max_times_sampled(n);
+        }
+        if let Some(n) = self.collector_threads {
+            b = b.collector_threads(n);
+        }
+        if let Some(name) = self.name {
+            b = b.shared_memory(name);
+        }
+        b = match self.rate_limiter.map(|r| r.kind) {
+            None => b,
+            Some(LimiterKind::Ratio(c)) => b.rate_limiter(c),
+            Some(LimiterKind::Queue(n)) => b.queue(n)?,
+            Some(LimiterKind::Stack(n)) => b.stack(n)?,
+        };
+        Ok((b, infos))
+    }
+}
+
+/// A checkpoint report as a dict.
+fn checkpoint_report<'py>(py: Python<'py>, r: &gear_api::CheckpointReport) -> Result<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("path", &r.path)?;
+    d.set_item("trajectories", r.trajectories)?;
+    d.set_item("dropped", r.dropped)?;
+    d.set_item("data_bytes", r.data_bytes)?;
+    d.set_item("file_bytes", r.file_bytes)?;
+    d.set_item("pause_s", r.pause.as_secs_f64())?;
+    d.set_item("elapsed_s", r.elapsed.as_secs_f64())?;
+    Ok(d)
 }
 
 /// A replay table: columns of trajectories, a sampling and an eviction
@@ -178,31 +266,102 @@ impl Table {
         sample_while_writing: bool,
         collector_threads: Option<usize>,
     ) -> PyResult<Self> {
-        let spec = TableSpec::new(parse_columns(columns)?, max_len, capacity).map_err(Error::from)?;
-        let infos = infos_of(&spec);
-        let params = StrategyParams { alpha, beta, stratified };
-        let mut b = ReplayTable::builder(spec)
-            .sampler_kind(strategy(sampler)?, params)
-            .remover_kind(strategy(remover)?)
-            .seed(seed)
-            .sample_while_writing(sample_while_writing);
-        if let Some(n) = max_times_sampled {
-            b = b.max_times_sampled(n);
-        }
-        if let Some(n) = collector_threads {
-            b = b.collector_threads(n);
-        }
-        if let Some(name) = name {
-            b = b.shared_memory(name);
-        }
-        b = match rate_limiter.map(|r| r.kind) {
-            None => b,
-            Some(LimiterKind::Ratio(c)) => b.rate_limiter(c),
-            Some(LimiterKind::Queue(n)) => b.queue(n).map_err(Error::from)?,
-            Some(LimiterKind::Stack(n)) => b.stack(n).map_err(Error::from)?,
+        let options = TableOptions {
+            sampler,
+            remover,
+            alpha,
+            beta,
+            stratified,
+            max_times_sampled,
+            rate_limiter,
+            name,
+            seed,
+            sample_while_writing,
+            collector_threads,
         };
+        let (b, infos) = options.builder(columns, max_len, capacity)?;
         let inner = py.detach(|| b.build()).map_err(Error::from)?;
         Ok(Table { inner, infos })
+    }
+
+    /// Creates a table as `Table(...)` does (the same arguments) and fills
+    /// it from a checkpoint: `path` is a checkpoint file, or a directory
+    /// written by `checkpoint_into` (its newest checkpoint is read). The
+    /// spec must be the checkpoint's; a truncated, corrupted,
+    /// other-version or other-spec checkpoint raises `CheckpointError` and
+    /// no table is made. Every committed trajectory comes back with its
+    /// key, priority, times sampled and insertion order, with the rate
+    /// limiter's counters and the strategies' state.
+    #[staticmethod]
+    #[pyo3(signature = (
+        path, columns, max_len, capacity, *, sampler="uniform", remover="fifo", alpha=0.6, beta=0.4,
+        stratified=true, max_times_sampled=None, rate_limiter=None, name=None, seed=0,
+        sample_while_writing=false, collector_threads=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn restore(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        columns: &Bound<'_, PyAny>,
+        max_len: u64,
+        capacity: u64,
+        sampler: &str,
+        remover: &str,
+        alpha: f64,
+        beta: f64,
+        stratified: bool,
+        max_times_sampled: Option<u64>,
+        rate_limiter: Option<RateLimiter>,
+        name: Option<String>,
+        seed: u64,
+        sample_while_writing: bool,
+        collector_threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let options = TableOptions {
+            sampler,
+            remover,
+            alpha,
+            beta,
+            stratified,
+            max_times_sampled,
+            rate_limiter,
+            name,
+            seed,
+            sample_while_writing,
+            collector_threads,
+        };
+        let (b, infos) = options.builder(columns, max_len, capacity)?;
+        let inner = py.detach(|| b.restore(&path)).map_err(Error::from)?;
+        Ok(Table { inner, infos })
+    }
+
+    /// Writes a checkpoint of every committed trajectory to `path`
+    /// (under a temporary name, fsynced, then renamed: a process killed
+    /// meanwhile leaves the previous file intact). Writers and samplers
+    /// keep working while it is written. Returns a report: `path`,
+    /// `trajectories`, `dropped` (evicted before their bytes were copied),
+    /// `data_bytes`, `file_bytes`, `pause_s` (how long the table lock was
+    /// held), `elapsed_s`.
+    fn checkpoint<'py>(&self, py: Python<'py>, path: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
+        let table = &self.inner;
+        let report = py.detach(|| table.checkpoint(&path)).map_err(Error::from)?;
+        Ok(checkpoint_report(py, &report)?)
+    }
+
+    /// Writes a checkpoint into directory `dir` (created if missing) under
+    /// the next number, then removes the oldest beyond the newest `keep`.
+    /// `Table.restore(dir, ...)` reads the newest. Returns the report of
+    /// `checkpoint`.
+    #[pyo3(signature = (dir, keep=3))]
+    fn checkpoint_into<'py>(
+        &self,
+        py: Python<'py>,
+        dir: std::path::PathBuf,
+        keep: usize,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let table = &self.inner;
+        let report = py.detach(|| table.checkpoint_into(&dir, keep)).map_err(Error::from)?;
+        Ok(checkpoint_report(py, &report)?)
     }
 
     /// Attaches to the shared table `name` another process created.
@@ -403,18 +562,7 @@ impl Table {
         timeout: Option<f64>,
         random_start: bool,
     ) -> Result<SampleConfig> {
-        let max_len = self.inner.spec().max_len();
-        let mut w = match (window, offset) {
-            (None, None) => WindowSpec::whole(max_len),
-            (Some(l), None) => WindowSpec::last(l),
-            (l, Some(o)) => WindowSpec { offset: o, len: l.unwrap_or(max_len), pad: Pad::Tail },
-        };
-        match pad {
-            None => {}
-            Some("head") => w.pad = Pad::Head,
-            Some("tail") => w.pad = Pad::Tail,
-            Some(other) => return Err(Error::Spec(format!("pad must be \"head\" or \"tail\", got {other:?}"))),
-        }
+        let w = window_spec(self.inner.spec().max_len(), window, offset, pad)?;
         let mut config = SampleConfig::new(batch_size, w).timeout(wait::seconds(timeout, "timeout")?);
         if let Some(cols) = columns {
             for c in &cols {

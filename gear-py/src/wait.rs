@@ -40,6 +40,51 @@ where
     }
 }
 
+/// Runs `call` on a thread of its own and waits for its answer with the
+/// GIL released, one [`WAIT_SLICE`] at a time, running Python's signal
+/// handlers in between: Ctrl-C ends the wait within a slice. A call left
+/// behind that way finishes on its thread (every cluster call has a
+/// deadline) and its answer is dropped; it owns everything it touches.
+pub(crate) fn off_thread<T, F>(py: Python<'_>, call: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    use std::sync::mpsc::{sync_channel, RecvTimeoutError};
+    let (answer, answered) = sync_channel(1);
+    std::thread::Builder::new()
+        .name("gear-call".into())
+        .spawn(move || {
+            let _ = answer.send(call());
+        })
+        .map_err(|e| crate::error::Error::Spec(format!("cannot start a thread for the call: {e}")))?;
+    // A receiver is not `Sync`; the lock lets the GIL-free closure borrow it.
+    let answered = std::sync::Mutex::new(answered);
+    loop {
+        match py.detach(|| answered.lock().unwrap_or_else(|e| e.into_inner()).recv_timeout(WAIT_SLICE)) {
+            Ok(value) => return Ok(value),
+            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(crate::error::Error::Spec("the call's thread ended without an answer".into()))
+            }
+        }
+    }
+}
+
+/// Sleeps `duration` with the GIL released, in slices, running Python's
+/// signal handlers in between.
+pub(crate) fn sleep(py: Python<'_>, duration: Duration) -> Result<()> {
+    let until = Instant::now() + duration;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        py.detach(|| std::thread::sleep(left.min(WAIT_SLICE)));
+        py.check_signals()?;
+    }
+}
+
 /// Seconds (a Python float or `None`) as a timeout.
 pub(crate) fn seconds(value: Option<f64>, what: &str) -> Result<Option<Duration>> {
     match value {

@@ -13,9 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// `value` as a C-contiguous NumPy array of column `info` with shape
-/// `leading + info.shape`. NumPy arrays and scalars must have the column's
-/// dtype already (a silent cast would hide a bug); Python numbers and
-/// lists are converted to it.
+/// `leading + info.shape`. Arrays of the column's dtype are taken as they
+/// are; anything else goes through the one conversion rule
+/// (`gear/_convert.py`): converted only when no value changes (no
+/// rounding of integers, no overflow), else a `StepError` naming the
+/// column and the value.
 pub(crate) fn column_array<'py>(
     value: &Bound<'py, PyAny>,
     info: &ColumnInfo,
@@ -23,25 +25,23 @@ pub(crate) fn column_array<'py>(
 ) -> Result<Bound<'py, PyUntypedArray>> {
     let py = value.py();
     let np = py.import("numpy")?;
-    let strict = value.is_instance_of::<PyUntypedArray>() || value.is_instance(&np.getattr("generic")?)?;
-    let array = if strict {
-        np.call_method1("asarray", (value,))?
-    } else {
-        np.call_method1("asarray", (value, dtype::numpy_name(info.dtype))).map_err(|e| {
-            Error::Step(format!("column `{}`: cannot convert {} to {}: {e}", info.name, dtype::repr(value), info.dtype))
-        })?
+    let exact = value.cast::<PyUntypedArray>().ok().filter(|a| dtype::accepts(info.dtype, &a.dtype()));
+    let array = match exact {
+        Some(a) => a.clone(),
+        None => {
+            let target = if info.dtype == gear_core::DType::BF16 { "bfloat16" } else { dtype::numpy_name(info.dtype) };
+            let convert = py.import("gear._convert")?;
+            let refused = convert.getattr("ConversionError")?;
+            let converted = convert.getattr("to_column")?.call1((value, target, &info.name)).map_err(|e| {
+                if e.is_instance(py, &refused) {
+                    Error::Step(e.value(py).to_string())
+                } else {
+                    Error::Python(e)
+                }
+            })?;
+            converted.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))?
+        }
     };
-    let array = array.cast_into::<PyUntypedArray>().map_err(|e| Error::Python(e.into()))?;
-    let descr = array.dtype();
-    if !dtype::accepts(info.dtype, &descr) {
-        return Err(Error::Step(format!(
-            "column `{}`: got an array of dtype {}, the column holds {} ({})",
-            info.name,
-            dtype::describe(&descr),
-            info.dtype,
-            dtype::numpy_name(info.dtype)
-        )));
-    }
     let mut want = leading.to_vec();
     want.extend(&info.shape);
     if array.shape() != want.as_slice() {
@@ -59,7 +59,7 @@ pub(crate) fn column_array<'py>(
 /// # Safety
 /// `array` must be C-contiguous and must not be resized or written while
 /// the returned slice is used.
-unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
+pub(crate) unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
     let len = array.len() * array.dtype().itemsize();
     if len == 0 {
         return &[];
@@ -70,7 +70,7 @@ unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> &'a [u8] {
 }
 
 /// Arrays for every column from keyword arguments, in column order.
-fn arrays_by_name<'py>(
+pub(crate) fn arrays_by_name<'py>(
     given: Option<&Bound<'py, PyDict>>,
     infos: &[ColumnInfo],
     leading: &[usize],

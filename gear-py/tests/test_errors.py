@@ -13,8 +13,10 @@ def table():
 
 def test_wrong_dtype(table):
     with table.writer().trajectory() as t:
-        with pytest.raises(gear.StepError, match=r"column `obs`.*float64"):
-            t.append(obs=np.zeros(3), done=False)
+        with pytest.raises(gear.StepError, match=r"column `obs`.*not numbers"):
+            t.append(obs=np.array(["a", "b", "c"]), done=False)
+        with pytest.raises(gear.StepError, match=r"column `obs`.*not numbers"):
+            t.append(obs=np.zeros(3, np.complex64), done=False)
         t.append(obs=np.zeros(3, np.float32), done=False)
 
 
@@ -123,3 +125,85 @@ def test_a_private_table_cannot_be_pickled(table):
 
     with pytest.raises(TypeError, match="process-private"):
         pickle.dumps(table)
+
+
+# --- one conversion rule for scalars and arrays (gear/_convert.py) ---------
+
+CONVERT_COLUMNS = [("i", "int64"), ("f", "float32"), ("b", "bool"), ("u", "uint8"), ("h", "bfloat16")]
+
+
+@pytest.fixture
+def typed():
+    return gear.Table(CONVERT_COLUMNS, max_len=4, capacity=8)
+
+
+OK_STEP = dict(i=1, f=0.5, b=True, u=3, h=1.0)
+
+
+@pytest.mark.parametrize("column,value,why", [
+    ("i", 1.5, "1.5 cannot be stored in int64"),
+    ("i", -2.7, "-2.7 cannot be stored in int64"),
+    ("i", float("nan"), "nan cannot be stored in int64"),
+    ("i", 2 ** 70, "not numbers"),
+    ("f", 1e40, "1e\\+40 overflows float32"),
+    ("b", 2, "2 cannot be stored in bool"),
+    ("u", 300, "300 cannot be stored in uint8"),
+    ("u", -1, "-1 cannot be stored in uint8"),
+    ("h", 1e39, "overflows bfloat16"),
+    ("i", "7", "not numbers"),
+])
+def test_lossy_conversions_are_refused_for_scalars_and_arrays_alike(typed, column, value, why):
+    w = typed.writer()
+    scalar = dict(OK_STEP, **{column: value})
+    with w.trajectory() as t:
+        with pytest.raises(gear.StepError, match=f"column `{column}`: .*{why}"):
+            t.append(**scalar)
+        if not isinstance(value, str) and abs(value) < 2 ** 63:
+            # The same value in a NumPy array (and a NumPy scalar) is refused alike.
+            arr = np.array([value])
+            with pytest.raises(gear.StepError, match=f"column `{column}`"):
+                t.append(**dict(OK_STEP, **{column: arr[0]}))
+            batch = {k: np.array([v] * 2) for k, v in OK_STEP.items()}
+            batch[column] = np.array([value, value])
+            with pytest.raises(gear.StepError, match=f"column `{column}`"):
+                w.insert_batch(batch)
+        t.append(**OK_STEP)
+    assert typed.info()["size"] == 1, "nothing refused was stored"
+
+
+def test_lossless_conversions_are_taken_for_scalars_and_arrays_alike(typed):
+    w = typed.writer()
+    with w.trajectory() as t:
+        t.append(i=3.0, f=0.1, b=1, u=np.int64(255), h=1.5)
+        t.append(i=np.float64(-4.0), f=np.float64(2.5), b=np.float32(0.0), u=np.uint16(7), h=np.float32(-2.0))
+    w.insert_batch({"i": np.array([1.0, 2.0]), "f": np.zeros(2), "b": np.array([0, 1]),
+                    "u": np.array([1, 2], np.int64), "h": np.array([0.5, 3.0])})
+    b = typed.sampler(8, window=2, offset=0).sample()
+    rows = {int(b.lengths[r]): r for r in range(b.rows)}
+    r = rows[2]
+    assert b["i"][r].tolist() == [3, -4] and b["u"][r].tolist() == [255, 7]
+    assert b["f"][r, 0] == np.float32(0.1) and b["b"][r].tolist() == [True, False]
+    # bfloat16 bits of 1.5 and -2.0.
+    assert b["h"][r].tolist() == [0x3FC0, 0xC000]
+
+
+def test_float32_style_names_and_short_names_are_both_accepted():
+    long = gear.Table([("a", "float32"), ("b", "int64"), ("c", "uint8"), ("d", "bfloat16")], max_len=1, capacity=2)
+    short = gear.Table([("a", "f32"), ("b", "i64"), ("c", "u8"), ("d", "bf16")], max_len=1, capacity=2)
+    assert long.columns == short.columns
+    assert gear.Table([("a", np.float32)], max_len=1, capacity=2).columns == [("a", "f32", [])]
+
+
+def test_bad_windows_and_shared_memory_names_are_spec_errors(table):
+    with pytest.raises(gear.SpecError, match="window length 9 exceeds"):
+        table.sampler(4, window=9)
+    with pytest.raises(gear.SpecError, match="window length is zero"):
+        table.sampler(4, window=0)
+    with pytest.raises(gear.SpecError, match="shared memory name"):
+        gear.Table([("a", "f32")], max_len=1, capacity=2, name="bad/name")
+
+
+def test_gear_timeout_error_is_also_the_builtin_timeout_error(table):
+    assert issubclass(gear.TimeoutError, TimeoutError) and issubclass(gear.TimeoutError, gear.GearError)
+    with pytest.raises(TimeoutError):
+        table.sampler(1, timeout=0.05).sample()

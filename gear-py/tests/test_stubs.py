@@ -20,6 +20,8 @@ def stub_names():
             names[node.name] = members
         elif isinstance(node, ast.FunctionDef):
             names[node.name] = set()
+        elif isinstance(node, ast.AnnAssign):
+            names[node.target.id] = set()
     return names
 
 

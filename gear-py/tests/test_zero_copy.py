@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import gear
+from conftest import require
 
 
 def make_table():
@@ -76,7 +77,7 @@ def test_sample_into_fills_the_callers_arrays():
 
 
 def test_torch_from_dlpack_shares_memory():
-    torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only; np.from_dlpack covers DLPack)")
+    torch = require("torch")
     table = make_table()
     batch = table.sampler(batch_size=8, window=4).sample()
     t = torch.from_dlpack(batch.dlpack("obs"))

@@ -98,7 +98,7 @@ impl SidewayVerbs {
     /// Opens `device` (the first one when `None`), port `port_num` (usually
     /// 1), GID table entry `gid_index` (`None`: the port's RoCE v2 entry of
     /// an IPv4, else IPv6, address, else 0, as
-    /// [`default_gid_index`](crate::gid::default_gid_index) picks from the
+    /// [`default_gid_index`] picks from the
     /// types the device reports; `show_gids` lists them). Any failure,
     /// including no libibverbs or no device, is [`Error::Unavailable`].
     pub fn open(device: Option<&str>, port_num: u8, gid_index: Option<u8>) -> Result<Self> {

@@ -2,7 +2,7 @@
 //! evicting when none is free), publishing, committing and abandoning.
 
 use super::select::{not_stored, strategy_error};
-use super::shared::{add, sub, Local, Locked};
+use super::shared::{add, sub, LimiterWait, Local, Locked};
 use super::ReplayTable;
 use crate::error::{Error, Result};
 use gear_core::{target, Change, LogOp, SlotKey, SlotState};
@@ -19,7 +19,7 @@ impl ReplayTable {
     pub(crate) fn begin_slot(&self, priority: f64, timeout: Option<Duration>) -> Result<SlotKey> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let l = self.shared.lock(deadline)?;
-        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), LimiterWait::Insert)?;
         self.take_slot(&mut l, priority)
     }
 
@@ -41,7 +41,7 @@ impl ReplayTable {
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         let l = self.shared.lock(deadline)?;
-        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), |c| &c.insert_wait_ns)?;
+        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), LimiterWait::Insert)?;
         let mut keys = Vec::with_capacity(count);
         keys.push(self.take_slot(&mut l, priority(0))?);
         for i in 1..count {

@@ -125,6 +125,30 @@ pub struct TableInfo {
     pub slots: SlotCounts,
 }
 
+/// The waits of this process's handles on one table since it opened the
+/// table here (clones of a [`ReplayTable`] share one count): how often and
+/// how long writers waited for the rate limiter, samplers for the rate
+/// limiter or for data, and any call for the table lock held by another
+/// thread or process. [`TableInfo::insert_wait`] and
+/// [`TableInfo::sample_wait`] add up the rate-limiter waits of every
+/// process instead, without counts; these figures are what a server
+/// process reports about the traffic it serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WaitStats {
+    /// Inserts that waited for the rate limiter.
+    pub insert_waits: u64,
+    /// Their time waiting, in total.
+    pub insert_wait: Duration,
+    /// Samples that waited for the rate limiter or for data.
+    pub sample_waits: u64,
+    /// Their time waiting, in total.
+    pub sample_wait: Duration,
+    /// Takes of the table lock that found it held.
+    pub lock_waits: u64,
+    /// Their time waiting, in total.
+    pub lock_wait: Duration,
+}
+
 /// How many slots are in each state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotCounts {
@@ -243,6 +267,12 @@ impl ReplayTable {
             bytes_written: ctl.bytes_written.load(Ordering::Relaxed),
             bytes_gathered: ctl.bytes_gathered.load(Ordering::Relaxed),
         })
+    }
+
+    /// How often and how long this process waited on this table (see
+    /// [`WaitStats`]); reads counters only, without the table lock.
+    pub fn wait_stats(&self) -> WaitStats {
+        self.shared.waits.snapshot()
     }
 
     /// Closes the table for every process: blocked writers and samplers

@@ -3,7 +3,7 @@
 //! shared reference), checking what the strategy returned, and retiring
 //! rows that reached `max_times_sampled`.
 
-use super::shared::{add, process_salt, sub, Locked, Shared};
+use super::shared::{add, process_salt, sub, LimiterWait, Locked, Shared};
 use super::ReplayTable;
 use crate::error::{Error, Result};
 use gear_core::{target, Change, LogOp, Sampled, SlotKey, SlotRecord, Xoshiro256};
@@ -84,7 +84,7 @@ impl ReplayTable {
                 deadline,
                 "sample (empty table or rate limiter)",
                 |l| l.can_sample(n as u64),
-                |c| &c.sample_wait_ns,
+                LimiterWait::Sample,
             )
         } else {
             self.wait_until(
@@ -92,7 +92,7 @@ impl ReplayTable {
                 deadline,
                 "sample (table emptied while a batch was redrawn)",
                 |l| !l.local.sampler.is_empty(),
-                |c| &c.sample_wait_ns,
+                LimiterWait::Sample,
             )
         }
     }

@@ -92,6 +92,53 @@ pub(crate) struct Shared {
     /// the lock in this process gives them back.
     pub(super) give_back: parking_lot::Mutex<Vec<SlotKey>>,
     pub(super) epoch_start: Instant,
+    /// This process's waits on the table (`ReplayTable::wait_stats`).
+    pub(super) waits: WaitCounters,
+}
+
+/// What a wait in [`ReplayTable::wait_until`] waits for, and so where it
+/// is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LimiterWait {
+    /// A writer admitted by the rate limiter.
+    Insert,
+    /// A sampler admitted by the rate limiter, or waiting for items.
+    Sample,
+}
+
+/// One kind of wait: how many, and their nanoseconds in total.
+#[derive(Debug, Default)]
+pub(super) struct WaitCounter {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl WaitCounter {
+    fn record(&self, waited: Duration) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ns.fetch_add(u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn read(&self) -> (u64, Duration) {
+        (self.count.load(Ordering::Relaxed), Duration::from_nanos(self.ns.load(Ordering::Relaxed)))
+    }
+}
+
+/// This process's waits on one table, by kind.
+#[derive(Debug, Default)]
+pub(super) struct WaitCounters {
+    insert: WaitCounter,
+    sample: WaitCounter,
+    lock: WaitCounter,
+}
+
+impl WaitCounters {
+    pub(super) fn snapshot(&self) -> super::WaitStats {
+        let (insert_waits, insert_wait) = self.insert.read();
+        let (sample_waits, sample_wait) = self.sample.read();
+        let (lock_waits, lock_wait) = self.lock.read();
+        super::WaitStats { insert_waits, insert_wait, sample_waits, sample_wait, lock_waits, lock_wait }
+    }
 }
 
 impl Drop for Shared {
@@ -161,6 +208,7 @@ impl Shared {
             reap_cursor: AtomicU64::new(0),
             give_back: parking_lot::Mutex::new(Vec::new()),
             epoch_start: Instant::now(),
+            waits: WaitCounters::default(),
         };
         if !creator {
             // Start from the slot records, then follow the log.
@@ -189,6 +237,9 @@ impl Shared {
                 ProcessLease::describe(t.holder, ctl)
             }),
         })?;
+        if let Some(waited) = guard.waited() {
+            self.waits.lock.record(waited);
+        }
         self.check_backing()?;
         Ok((guard, state))
     }
@@ -700,7 +751,7 @@ impl ReplayTable {
         deadline: Option<Instant>,
         op: &'static str,
         ready: impl Fn(&Locked<'_>) -> bool,
-        waited: fn(&ControlBlock) -> &AtomicU64,
+        kind: LimiterWait,
     ) -> Result<Locked<'a>> {
         let sh = &*self.shared;
         let ctl = sh.region.control();
@@ -708,6 +759,12 @@ impl ReplayTable {
             return Ok(l);
         }
         let start = Instant::now();
+        // Every process's waits add up in the control block; this
+        // process's are counted apart too (`ReplayTable::wait_stats`).
+        let (waited, local) = match kind {
+            LimiterWait::Insert => (&ctl.insert_wait_ns, &sh.waits.insert),
+            LimiterWait::Sample => (&ctl.sample_wait_ns, &sh.waits.sample),
+        };
         let result = loop {
             if ctl.closed.load(Ordering::Acquire) != 0 {
                 break Err(Error::Closed);
@@ -737,15 +794,20 @@ impl ReplayTable {
             l = match relocked {
                 Ok(l) => l,
                 Err(e) => {
-                    waited(ctl).fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    let elapsed = start.elapsed();
+                    waited.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+                    local.record(elapsed);
                     return Err(e);
                 }
             };
         };
-        let ns = start.elapsed().as_nanos() as u64;
+        let elapsed = start.elapsed();
+        let ns = elapsed.as_nanos() as u64;
         if ns > 1000 {
-            waited(ctl).fetch_add(ns, Ordering::Relaxed);
+            waited.fetch_add(ns, Ordering::Relaxed);
         }
+        // Not ready at the first look: a wait, however short.
+        local.record(elapsed);
         result.map(|()| l)
     }
 }

@@ -332,11 +332,10 @@ impl ClusterClient {
         let session = pending.endpoint.session();
         let answer = (|| {
             let mut c = self.shards[shard].clone();
-            let reply = self
-                .runtime
-                .block_on(c.connect_data_plane(request_from_endpoint(&pending.endpoint)))
-                .map_err(|s| status(shard, s))?
-                .into_inner();
+            let mut request = request_from_endpoint(&pending.endpoint);
+            request.table = self.config.table.clone();
+            let reply =
+                self.runtime.block_on(c.connect_data_plane(request)).map_err(|s| status(shard, s))?.into_inner();
             let mut remote = remote_from_reply(&reply).map_err(|what| Error::Malformed { shard, what })?;
             if let RemoteAccess::Tcp { peer, .. } = &mut remote.access {
                 // The data service shares the shard's gRPC port: dial the
@@ -379,7 +378,8 @@ impl ClusterClient {
             let mut calls = Vec::new();
             for &(s, n) in counts {
                 let mut c = self.shards[s].clone();
-                let mut req = sample_request(request, n, self.config.call_timeout, self.incarnation_of(s));
+                let mut req =
+                    sample_request(&self.config.table, request, n, self.config.call_timeout, self.incarnation_of(s));
                 req.ranges = ranges;
                 req.data_plane_session = if ranges { session } else { 0 };
                 calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));

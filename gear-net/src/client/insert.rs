@@ -32,6 +32,7 @@ struct ShardOutcome {
 async fn insert_into_shard(
     shard: usize,
     mut client: Grpc,
+    table: String,
     list: Vec<(usize, RemoteTrajectory)>,
     chunk_steps: u64,
 ) -> ShardOutcome {
@@ -40,7 +41,7 @@ async fn insert_into_shard(
     while rest.peek().is_some() {
         let stream: Vec<(usize, RemoteTrajectory)> = rest.by_ref().take(TRAJECTORIES_PER_STREAM).collect();
         let order: Vec<usize> = stream.iter().map(|(i, _)| *i).collect();
-        let chunks = chunks_of(stream.into_iter().map(|(_, t)| t), chunk_steps);
+        let chunks = chunks_of(&table, stream.into_iter().map(|(_, t)| t), chunk_steps);
         let (keys, failure) = match client.insert(tokio_stream::iter(chunks)).await {
             Ok(reply) => {
                 let keys = reply.into_inner().keys;
@@ -80,7 +81,10 @@ impl ClusterClient {
                     continue;
                 }
                 let client = self.shards[s].clone();
-                calls.push((s, tokio::spawn(insert_into_shard(s, client, list, chunk_steps))));
+                calls.push((
+                    s,
+                    tokio::spawn(insert_into_shard(s, client, self.config.table.clone(), list, chunk_steps)),
+                ));
             }
             let mut out = Vec::new();
             for (s, call) in calls {

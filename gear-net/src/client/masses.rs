@@ -110,6 +110,11 @@ impl ClusterClient {
                     self.state.lock()[s].mass = Some(mass);
                     out.add(s, &mass);
                 }
+                // The table is unknown there, or must be named: the
+                // cluster or this client is misconfigured, not the shard down.
+                Ok(Err(e)) if matches!(e.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {
+                    return Err(super::status(s, e));
+                }
                 Ok(Err(e)) => {
                     self.mark_lost(s, e.message());
                     batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });

@@ -13,25 +13,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gear_api::ReplayTable;
 use gear_core::{ExposedRegion, TransportKind, TransportServer};
 use gear_tcp::TcpServer;
 use tonic::{Request, Response, Status};
 
-use super::{blocking, ShardService};
+use super::tables::{ServedTable, ServedTables};
+use super::{blocking, table_masses, ShardService};
 use crate::connect::{endpoint_from_request, reply_from_remote};
 use crate::convert::{key_to_proto, table_status};
 use crate::error::{Error, Result};
+use crate::metrics::RpcTimer;
 use crate::proto::{ConnectReply, ConnectRequest, RowRange, SampleReply, SampleRequest};
 use crate::rdma_settings::RdmaSettings;
 
-/// The transport servers of one shard, with the table's region exposed on
-/// each.
+/// The transport servers of one shard, with every served table's region
+/// exposed on each.
 pub struct DataPlaneServer {
     tcp: TcpServer,
-    tcp_region: ExposedRegion,
-    /// The second transport (RDMA), serving the kind it reports.
-    other: Option<(Box<dyn TransportServer>, ExposedRegion)>,
+    /// Per served table, in the server's order: its region on TCP.
+    tcp_regions: Vec<ExposedRegion>,
+    /// The second transport (RDMA), serving the kind it reports, and each
+    /// table's region on it (in the server's order).
+    other: Option<(Box<dyn TransportServer>, Vec<ExposedRegion>)>,
 }
 
 impl std::fmt::Debug for DataPlaneServer {
@@ -43,25 +46,38 @@ impl std::fmt::Debug for DataPlaneServer {
     }
 }
 
+/// Exposes every table of `tables` on `server`, each under its own
+/// incarnation; on a failure the regions exposed so far are withdrawn.
+fn expose_all(server: &dyn TransportServer, shard: u32, tables: &ServedTables) -> Result<Vec<ExposedRegion>> {
+    let mut exposed = Vec::with_capacity(tables.served().len());
+    for t in tables.served() {
+        match server.expose(shard, t.incarnation, t.table.memory()) {
+            Ok(region) => exposed.push(region),
+            Err(e) => {
+                for region in &exposed {
+                    let _ = server.withdraw(region);
+                }
+                return Err(Error::Config(format!("exposing table `{}`: {e}", t.name)));
+            }
+        }
+    }
+    Ok(exposed)
+}
+
 impl DataPlaneServer {
-    /// Exposes `table`'s region over TCP (descriptors name `tcp_address`,
-    /// where the shard's gRPC server listens) and, where RDMA can run, over
-    /// RDMA too, on the device, port and GID index `rdma` names.
-    pub fn start(
-        table: &ReplayTable,
-        shard: u32,
-        incarnation: u64,
-        tcp_address: String,
-        rdma: &RdmaSettings,
-    ) -> Result<Self> {
+    /// Exposes every table's region over TCP (descriptors name
+    /// `tcp_address`, where the shard's gRPC server listens) and, where
+    /// RDMA can run, over RDMA too, on the device, port and GID index
+    /// `rdma` names.
+    pub fn start(tables: &ServedTables, shard: u32, tcp_address: String, rdma: &RdmaSettings) -> Result<Self> {
         rdma.validate()?;
         let tcp = TcpServer::new(tcp_address).map_err(|e| Error::Config(e.to_string()))?;
-        let tcp_region = tcp.expose(shard, incarnation, table.memory())?;
+        let tcp_regions = expose_all(&tcp, shard, tables)?;
         let other = match rdma.device_server() {
-            Ok(server) => match server.expose(shard, incarnation, table.memory()) {
+            Ok(server) => match expose_all(server.as_ref(), shard, tables) {
                 Ok(exposed) => Some((server, exposed)),
                 Err(e) => {
-                    eprintln!("gear-net: shard {shard}: rdma data plane off (exposing the region failed: {e})");
+                    eprintln!("gear-net: shard {shard}: rdma data plane off ({e})");
                     None
                 }
             },
@@ -70,16 +86,16 @@ impl DataPlaneServer {
                 None
             }
         };
-        Ok(DataPlaneServer { tcp, tcp_region, other })
+        Ok(DataPlaneServer { tcp, tcp_regions, other })
     }
 
-    /// Exposes `table`'s region over TCP as [`DataPlaneServer::start`] does
-    /// and over `server` (instead of opening the RDMA device). `server`
-    /// must be of a kind other than TCP, which the shard serves itself.
+    /// Exposes every table's region over TCP as [`DataPlaneServer::start`]
+    /// does and over `server` (instead of opening the RDMA device).
+    /// `server` must be of a kind other than TCP, which the shard serves
+    /// itself.
     pub fn with_transport_server(
-        table: &ReplayTable,
+        tables: &ServedTables,
         shard: u32,
-        incarnation: u64,
         tcp_address: String,
         server: Box<dyn TransportServer>,
     ) -> Result<Self> {
@@ -89,9 +105,9 @@ impl DataPlaneServer {
             ));
         }
         let tcp = TcpServer::new(tcp_address).map_err(|e| Error::Config(e.to_string()))?;
-        let tcp_region = tcp.expose(shard, incarnation, table.memory())?;
-        let exposed = server.expose(shard, incarnation, table.memory())?;
-        Ok(DataPlaneServer { tcp, tcp_region, other: Some((server, exposed)) })
+        let tcp_regions = expose_all(&tcp, shard, tables)?;
+        let exposed = expose_all(server.as_ref(), shard, tables)?;
+        Ok(DataPlaneServer { tcp, tcp_regions, other: Some((server, exposed)) })
     }
 
     /// Whether this shard serves `kind`.
@@ -105,24 +121,31 @@ impl DataPlaneServer {
         self.tcp.service()
     }
 
-    fn accept(&self, req: &ConnectRequest) -> std::result::Result<ConnectReply, Status> {
+    /// Answers a `Connect` for the region of table `table` (its index in
+    /// the server's order).
+    fn accept(&self, table: usize, req: &ConnectRequest) -> std::result::Result<ConnectReply, Status> {
         let endpoint = endpoint_from_request(req).map_err(Status::invalid_argument)?;
+        let missing = || Status::internal(format!("table {table} has no exposed region"));
         let remote = match endpoint.kind() {
-            TransportKind::Tcp => self.tcp.accept(&self.tcp_region, &endpoint),
+            TransportKind::Tcp => self.tcp.accept(self.tcp_regions.get(table).ok_or_else(missing)?, &endpoint),
             kind => match &self.other {
-                Some((server, exposed)) if server.kind() == kind => server.accept(exposed, &endpoint),
+                Some((server, exposed)) if server.kind() == kind => {
+                    server.accept(exposed.get(table).ok_or_else(missing)?, &endpoint)
+                }
                 _ => return Err(Status::failed_precondition(format!("this shard does not serve {}", kind.name()))),
             },
         };
         remote.map(|r| reply_from_remote(&r)).map_err(|e| accept_status(&e))
     }
 
-    /// Notes that the client with `session` still uses its connection
-    /// (it asked for a ranged draw): a transport server that bounds its
-    /// connections reaps idle ones first.
-    pub fn keep_alive(&self, session: u64) {
+    /// Notes that the client with `session` still uses its connection to
+    /// table `table`'s region (it asked for a ranged draw of that table): a
+    /// transport server that bounds its connections reaps idle ones first.
+    pub fn keep_alive(&self, table: usize, session: u64) {
         if let Some((server, exposed)) = &self.other {
-            server.keep_alive(exposed, session);
+            if let Some(region) = exposed.get(table) {
+                server.keep_alive(region, session);
+            }
         }
     }
 }
@@ -155,27 +178,35 @@ impl ShardService {
     pub(super) async fn accept_data_plane(
         &self,
         request: Request<ConnectRequest>,
+        timer: &mut RpcTimer,
     ) -> std::result::Result<Response<ConnectReply>, Status> {
+        let (index, _) = self.tables.find(&request.get_ref().table)?;
+        timer.table(index);
         let dp = self.data_plane.as_ref().ok_or_else(|| Status::failed_precondition("this shard has no data plane"))?;
-        Ok(Response::new(dp.accept(request.get_ref())?))
+        Ok(Response::new(dp.accept(index, request.get_ref())?))
     }
 
-    /// `Sample` with `ranges`: draw, and reply with where the windows are.
-    pub(super) async fn sample_ranges(&self, req: SampleRequest) -> std::result::Result<Response<SampleReply>, Status> {
+    /// `Sample` with `ranges` from `served` (at `index` in the server's
+    /// order): draw, and reply with where the windows are.
+    pub(super) async fn sample_ranges(
+        &self,
+        (index, served): (usize, &ServedTable),
+        req: SampleRequest,
+    ) -> std::result::Result<Response<SampleReply>, Status> {
         if self.data_plane.is_none() {
             return Err(Status::failed_precondition("this shard has no data plane"));
         }
-        let spec = self.table.spec();
+        let spec = served.table.spec();
         if let Some(dp) = &self.data_plane {
-            dp.keep_alive(req.data_plane_session);
+            dp.keep_alive(index, req.data_plane_session);
         }
         let (window, columns) = crate::convert::sample_shape(spec, &req)?;
         let timeout = Some(Duration::from_millis(req.timeout_ms.clamp(1, 600_000)));
-        let table = self.table.clone();
+        let table = served.table.clone();
         let rows = req.rows as usize;
         let drawn = blocking(move || table.draw_ranges(rows, window, &columns, timeout).map_err(table_status)).await?;
-        let (size, total_mass, min_mass) = self.masses()?;
-        let (shard, incarnation) = (self.shard, self.incarnation);
+        let (size, total_mass, min_mass) = table_masses(&served.table)?;
+        let (shard, incarnation) = (self.shard, served.incarnation);
         Ok(Response::new(SampleReply {
             shard,
             incarnation,

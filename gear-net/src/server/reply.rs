@@ -23,15 +23,16 @@
 //! trailers, as tonic does for any encode error.
 
 use super::table_masses;
+use super::tables::{ServedTable, ServedTables};
 use crate::codec::{encode_sized, OutgoingMessage};
 use crate::convert::{key_to_proto, table_status};
+use crate::metrics::RpcTimer;
 use crate::proto::SampleReply;
 use bytes::{BufMut, Bytes};
 use gear_api::{ReplayTable, SampleConfig, SampledRows, Sampler};
 use parking_lot::Mutex;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use std::mem::MaybeUninit;
-use std::sync::Arc;
 use tonic::codec::EncodeBuf;
 use tonic::Status;
 
@@ -55,13 +56,13 @@ fn other_fields_bound(rows: usize) -> usize {
 
 /// The shard's samplers kept between calls, by request shape.
 #[derive(Default)]
-pub(super) struct SamplerCache {
+pub(crate) struct SamplerCache {
     kept: Mutex<Vec<(SampleConfig, Sampler)>>,
 }
 
 impl SamplerCache {
     /// A sampler for `config`: a kept one, else a new one over `table`.
-    pub(super) fn take(&self, table: &ReplayTable, config: &SampleConfig) -> Result<Sampler, Status> {
+    pub(crate) fn take(&self, table: &ReplayTable, config: &SampleConfig) -> Result<Sampler, Status> {
         let kept = {
             let mut kept = self.kept.lock();
             kept.iter().position(|(c, _)| c == config).map(|i| kept.swap_remove(i).1)
@@ -111,26 +112,28 @@ impl From<SampleReply> for SampleReplyOut {
 }
 
 impl SampleReplyOut {
-    /// A reply whose rows `sampler` (made for `config`) draws and gathers
-    /// when the reply is encoded (or [`SampleReplyOut::into_reply`] is
-    /// called). The sampler goes back to `cache` afterwards.
+    /// A reply whose rows `sampler` (made for `config` on the table at
+    /// `index` of `tables`) draws and gathers when the reply is encoded
+    /// (or [`SampleReplyOut::into_reply`] is called), which ends `timer`.
+    /// The sampler goes back to the table's cache afterwards.
     pub(super) fn pending(
-        table: ReplayTable,
+        tables: ServedTables,
+        index: usize,
+        shard: u32,
         sampler: Sampler,
         config: SampleConfig,
-        (shard, incarnation): (u32, u64),
-        cache: Arc<SamplerCache>,
+        timer: RpcTimer,
     ) -> Self {
         let column_bytes = (0..sampler.layout().columns().len()).map(|i| sampler.layout().column_bytes(i)).collect();
         let sampler = Some(sampler);
         SampleReplyOut(Out::Pending(Box::new(PendingSample {
-            table,
+            tables,
+            index,
             sampler,
             config,
             column_bytes,
             shard,
-            incarnation,
-            cache,
+            timer: Some(timer),
         })))
     }
 
@@ -156,27 +159,50 @@ impl OutgoingMessage for SampleReplyOut {
 
 /// A `Sample` call accepted and checked but not drawn yet.
 struct PendingSample {
-    table: ReplayTable,
-    /// Always `Some` until dropped (then it goes back to `cache`).
+    tables: ServedTables,
+    /// The table's index in `tables`.
+    index: usize,
+    /// Always `Some` until dropped (then it goes back to the table's cache).
     sampler: Option<Sampler>,
     config: SampleConfig,
     /// Bytes of each column of the batch, from the sampler's layout: what
     /// a successful `sample_into_uninit` writes, every byte of it.
     column_bytes: Vec<u64>,
     shard: u32,
-    incarnation: u64,
-    cache: Arc<SamplerCache>,
+    /// The call's timer, ended by the draw (dropped unended: a failed call).
+    timer: Option<RpcTimer>,
 }
 
 impl Drop for PendingSample {
     fn drop(&mut self) {
         if let Some(sampler) = self.sampler.take() {
-            self.cache.put(self.config.clone(), sampler);
+            let config = self.config.clone();
+            if let Some(served) = self.tables.served().get(self.index) {
+                served.samplers.put(config, sampler);
+            }
         }
     }
 }
 
 impl PendingSample {
+    fn served(&self) -> Result<&ServedTable, Status> {
+        self.tables.served().get(self.index).ok_or_else(|| Status::internal("the sampled table is gone"))
+    }
+
+    /// Ends the call's timer with `result`'s outcome, counting the window
+    /// bytes sent when it succeeded.
+    fn finish<T>(&mut self, result: Result<T, Status>) -> Result<T, Status> {
+        if result.is_ok() {
+            if let Ok(served) = self.served() {
+                served.count_sent(self.column_bytes.iter().sum());
+            }
+        }
+        if let Some(timer) = self.timer.take() {
+            timer.finish(result.is_ok());
+        }
+        result
+    }
+
     /// Draws and gathers with `gather`, then returns the reply's fields
     /// other than `columns`. A panic is a status, as on tokio's blocking
     /// threads, and the sampler it left is not kept.
@@ -184,7 +210,11 @@ impl PendingSample {
         &mut self,
         gather: impl for<'s> FnOnce(&'s mut Sampler) -> gear_api::Result<SampledRows<'s>>,
     ) -> Result<SampleReply, Status> {
-        let (shard, incarnation) = (self.shard, self.incarnation);
+        let shard = self.shard;
+        let (table, incarnation) = {
+            let served = self.served()?;
+            (served.table.clone(), served.incarnation)
+        };
         let sampler = self.sampler.as_mut().ok_or_else(|| Status::internal("the sample was drawn already"))?;
         let drawn = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gather(sampler))) {
             Ok(drawn) => drawn.map_err(table_status)?,
@@ -193,7 +223,7 @@ impl PendingSample {
                 return Err(Status::internal("the shard's sampler failed (panicked) drawing this batch"));
             }
         };
-        let (size, total_mass, min_mass) = table_masses(&self.table)?;
+        let (size, total_mass, min_mass) = table_masses(&table)?;
         Ok(SampleReply {
             shard,
             incarnation,
@@ -213,10 +243,11 @@ impl PendingSample {
     /// [`SampleReplyOut::into_reply`] of a pending reply.
     fn gather_into_vecs(mut self: Box<Self>) -> Result<SampleReply, Status> {
         let mut buffers: Vec<Vec<u8>> = self.column_bytes.iter().map(|&n| vec![0u8; n as usize]).collect();
-        let mut reply = run_blocking(|| {
+        let drawn = run_blocking(|| {
             let mut views: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
             self.draw(|s| s.sample_into(&mut views))
-        })?;
+        });
+        let mut reply = self.finish(drawn)?;
         reply.columns = buffers.into_iter().map(Bytes::from).collect();
         Ok(reply)
     }
@@ -258,7 +289,8 @@ impl PendingSample {
                 columns.push(data);
                 rest = tail;
             }
-            run_blocking(|| self.draw(|s| s.sample_into_uninit(&mut columns)))?
+            let drawn = run_blocking(|| self.draw(|s| s.sample_into_uninit(&mut columns)));
+            self.finish(drawn)?
         };
         // SAFETY: the `total` bytes past the buffer's end are initialised:
         // the heads were written above, and `sample_into_uninit` returned

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import builtins
 import os
 
 import numpy as np
@@ -19,8 +20,8 @@ class GearError(Exception):
 class ClosedError(GearError):
     """The table was closed."""
 
-class TimeoutError(GearError):
-    """A wait (rate limiter, empty table, table lock) ran out."""
+class TimeoutError(GearError, builtins.TimeoutError):
+    """A wait (rate limiter, empty table, table lock, a shard's answer) ran out."""
 
 class StaleKeyError(GearError):
     """A key whose trajectory was evicted or replaced."""
@@ -30,6 +31,25 @@ class SpecError(GearError):
 
 class StepError(GearError):
     """Step data or priorities that do not fit the table."""
+
+class CheckpointError(GearError):
+    """A checkpoint that cannot be restored (truncated, corrupted, another version or spec) or written."""
+
+class ShardLostError(GearError):
+    """No shard of a cluster could serve the call."""
+
+class AuthError(GearError):
+    """A shard refused the cluster token."""
+
+class PartialInsertError(GearError):
+    """An insert failed part way; ``committed`` lists ``(index, key)`` of every trajectory stored."""
+
+    committed: List[Tuple[int, Any]]
+    indices: npt.NDArray[np.int64]
+    keys: np.ndarray
+
+CLUSTER_KEY_DTYPE: np.dtype
+"""Records of cluster keys: ``shard`` (u4), ``incarnation`` (u8), ``slot`` (u4), ``generation`` (u4)."""
 
 class RateLimiter:
     """How the table paces writers and samplers (Reverb's rate limiters)."""
@@ -68,6 +88,30 @@ class Table:
         sample_while_writing: bool = False,
         collector_threads: Optional[int] = None,
     ) -> None: ...
+    @staticmethod
+    def restore(
+        path: Union[str, os.PathLike[str]],
+        columns: Sequence[ColumnDef],
+        max_len: int,
+        capacity: int,
+        *,
+        sampler: str = "uniform",
+        remover: str = "fifo",
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        stratified: bool = True,
+        max_times_sampled: Optional[int] = None,
+        rate_limiter: Optional[RateLimiter] = None,
+        name: Optional[str] = None,
+        seed: int = 0,
+        sample_while_writing: bool = False,
+        collector_threads: Optional[int] = None,
+    ) -> Table:
+        """A table as ``Table(...)`` makes it, filled from a checkpoint file or the newest in a directory."""
+    def checkpoint(self, path: Union[str, os.PathLike[str]]) -> Dict[str, Any]:
+        """Writes a checkpoint (atomic, fsynced); returns a report."""
+    def checkpoint_into(self, dir: Union[str, os.PathLike[str]], keep: int = 3) -> Dict[str, Any]:
+        """Writes the next numbered checkpoint into ``dir``, keeping the newest ``keep``."""
     @staticmethod
     def attach(name: str, *, timeout: Optional[float] = 30.0, dir: Optional[str] = None) -> Table:
         """Attaches to the shared table ``name`` another process created."""
@@ -178,6 +222,9 @@ class Batch:
     weights: npt.NDArray[np.float64]
     starts: npt.NDArray[np.int64]
     buffer: Optional[BatchBuffer]
+    lost: List[int]
+    lost_reasons: Dict[int, str]
+    rejoined: List[int]
     @property
     def rows(self) -> int: ...
     @property
@@ -213,6 +260,109 @@ class CudaSampler:
         """Draws one batch; ``torch.from_dlpack(batch["obs"])`` is a CUDA tensor."""
     def __iter__(self) -> Iterator[Batch]: ...
     def __next__(self) -> Batch: ...
+
+class Cluster:
+    """A sharded table served by ``gear serve`` processes, reached over gRPC; pickles as its configuration."""
+
+    def __init__(
+        self,
+        shards: Sequence[str],
+        token: Optional[str] = None,
+        *,
+        table: Optional[str] = None,
+        call_timeout: float = 10.0,
+        connect_timeout: float = 1.0,
+        tls_ca: Optional[Union[str, os.PathLike[str]]] = None,
+        tls_domain: Optional[str] = None,
+        tls_cert: Optional[Union[str, os.PathLike[str]]] = None,
+        tls_key: Optional[Union[str, os.PathLike[str]]] = None,
+        mass_refresh: float = 0.1,
+        free_space_refresh: float = 0.5,
+        seed: int = 0,
+        data_plane: str = "auto",
+    ) -> None: ...
+    @staticmethod
+    def from_file(path: Union[str, os.PathLike[str]]) -> Cluster:
+        """Opens the cluster a cluster file describes (as ``gear cluster-info`` reads it)."""
+    def with_seed(self, seed: int) -> Cluster:
+        """The same configuration with another seed, as a new connection."""
+    def info(self) -> List[Dict[str, Any]]:
+        """Every shard's counters (or ``error`` for a shard that did not answer)."""
+    def update_priorities(self, keys: ArrayLike, priorities: ArrayLike) -> Tuple[int, int]:
+        """Sets priorities by key, routed to each key's shard. Returns ``(applied, stale)``."""
+    def sampler(
+        self,
+        batch_size: int,
+        window: Optional[int] = None,
+        *,
+        offset: Optional[int] = None,
+        pad: Optional[str] = None,
+        columns: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = 10.0,
+        random_start: bool = False,
+    ) -> ClusterSampler:
+        """A sampler drawing across the shards with one table's distribution."""
+    def writer(
+        self, target: Union[str, int, None] = None, *, timeout: Optional[float] = None, chunk_steps: Optional[int] = None
+    ) -> ClusterWriter:
+        """A writer to ``"round_robin"``, ``"most_free"`` or one shard."""
+    def __reduce__(self) -> Tuple[Any, Tuple[Dict[str, Any]]]: ...
+    @property
+    def shards(self) -> List[str]: ...
+    @property
+    def columns(self) -> List[Tuple[str, str, List[int]]]: ...
+    @property
+    def max_len(self) -> int: ...
+
+class ClusterSampler:
+    """Draws batches across a cluster's shards."""
+
+    def sample(self) -> Batch:
+        """One batch; ``batch.lost`` / ``batch.rejoined`` name shards left out or back."""
+    def sample_into(self, out: Union[Mapping[str, Any], Sequence[Any]]) -> Batch:
+        """One batch into your arrays (or torch CPU tensors)."""
+    def output_spec(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+        """``{column: (numpy dtype name, shape)}`` for ``sample_into``."""
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def columns(self) -> List[str]: ...
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __next__(self) -> Batch: ...
+
+class ClusterWriter:
+    """Writes to a cluster's shards."""
+
+    def trajectory(self, priority: Optional[float] = None) -> ClusterTrajectory:
+        """Starts a trajectory streamed to one shard in chunks."""
+    def insert_batch(
+        self,
+        columns: Mapping[str, ArrayLike],
+        priorities: Optional[ArrayLike] = None,
+        steps: Optional[int] = None,
+    ) -> np.ndarray:
+        """Inserts ``count`` trajectories; returns their keys (``CLUSTER_KEY_DTYPE``)."""
+    @property
+    def chunk_steps(self) -> int: ...
+
+class ClusterTrajectory:
+    """A trajectory being streamed to a shard; a context manager."""
+
+    def append(self, **columns: ArrayLike) -> None:
+        """Appends one step: a value for every column."""
+    def end(self, priority: Optional[float] = None) -> Any:
+        """Commits the trajectory and returns its key."""
+    def abandon(self) -> None:
+        """Abandons it: the shard stores none of it."""
+    @property
+    def shard(self) -> Optional[int]: ...
+    @property
+    def closed(self) -> bool: ...
+    def __len__(self) -> int: ...
+    def __enter__(self) -> ClusterTrajectory: ...
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool: ...
 
 def sequence_priority(td_errors: ArrayLike, eta: float = 0.9) -> float:
     """R2D2 sequence priority: ``eta * max|d| + (1 - eta) * mean|d|``."""

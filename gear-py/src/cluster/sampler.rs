@@ -1,0 +1,252 @@
+//! `gear.ClusterSampler`: batches drawn across the shards, returned as the
+//! same `Batch` a local sampler gives (plus the shards lost and rejoined).
+
+use super::{keys, Cluster, ClusterSpec};
+use crate::batch::{
+    self, Batch, BatchBuffer, BatchMemory, BatchStorage, ColumnInfo, ReceivedColumns, RowFacts, ShardReport,
+};
+use crate::dtype;
+use crate::error::{Error, Result};
+use crate::wait;
+use gear_core::{Pad, WindowSpec};
+use gear_net::{ClusterBatch, ClusterClient, ClusterSample};
+use numpy::PyArrayDescr;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Pause between asks of a cluster that holds nothing yet.
+const EMPTY_RETRY: Duration = Duration::from_millis(50);
+
+/// Draws batches across a cluster's shards. `sample()` returns a `Batch`
+/// whose `lost` and `rejoined` name shards left out of it or back in it;
+/// `sample_into(...)` fills your arrays or torch CPU tensors; iterating
+/// gives batches for ever.
+#[pyclass(module = "gear._gear")]
+pub struct ClusterSampler {
+    client: Arc<ClusterClient>,
+    request: ClusterSample,
+    /// How long a sample waits while no shard holds items (or none
+    /// answers); `None`: for ever.
+    timeout: Option<Duration>,
+    infos: Arc<[ColumnInfo]>,
+    descrs: Vec<Py<PyArrayDescr>>,
+    column_bytes: Vec<usize>,
+    rows: usize,
+    window: usize,
+    pad: Pad,
+}
+
+impl ClusterSampler {
+    pub(super) fn new(
+        py: Python<'_>,
+        cluster: &Cluster,
+        spec: &ClusterSpec,
+        batch_size: usize,
+        window: WindowSpec,
+        columns: Option<Vec<String>>,
+        timeout: Option<Duration>,
+    ) -> Result<Self> {
+        if spec.sampler != "uniform" && spec.sampler != "prioritized" {
+            return Err(Error::Spec(format!(
+                "the shards sample with `{}`, which cannot be merged across shards (uniform and prioritized can)",
+                spec.sampler
+            )));
+        }
+        if batch_size == 0 {
+            return Err(Error::Spec("batch_size must be at least 1".into()));
+        }
+        let names = columns.unwrap_or_else(|| batch::names(&spec.infos));
+        let mut infos = Vec::with_capacity(names.len());
+        for name in &names {
+            let info = spec.infos.iter().find(|c| &c.name == name).ok_or_else(|| {
+                Error::Spec(format!("unknown column `{name}`; the table has {:?}", batch::names(&spec.infos)))
+            })?;
+            infos.push(info.clone());
+        }
+        let mut descrs = Vec::with_capacity(infos.len());
+        let mut column_bytes = Vec::with_capacity(infos.len());
+        for c in &infos {
+            descrs.push(dtype::numpy_descr(py, c.dtype)?.unbind());
+            let step: usize = c.shape.iter().product::<usize>() * c.dtype.size() as usize;
+            column_bytes.push(batch_size * window.len as usize * step);
+        }
+        Ok(ClusterSampler {
+            client: cluster.client().clone(),
+            request: ClusterSample { rows: batch_size as u64, window, columns: names },
+            timeout,
+            infos: infos.into(),
+            descrs,
+            column_bytes,
+            rows: batch_size,
+            window: window.len as usize,
+            pad: window.pad,
+        })
+    }
+
+    /// One batch from the client, waiting (interruptibly) while the cluster
+    /// holds nothing or no shard answers, up to the sampler's timeout.
+    fn draw(&self, py: Python<'_>) -> Result<ClusterBatch> {
+        let started = Instant::now();
+        loop {
+            let (client, request) = (self.client.clone(), self.request.clone());
+            match wait::off_thread(py, move || client.sample(&request))? {
+                Ok(batch) => return Ok(batch),
+                Err(gear_net::Error::NoShard(why)) => {
+                    if self.timeout.is_some_and(|t| started.elapsed() + EMPTY_RETRY >= t) {
+                        return Err(self.nothing_to_sample(py, why, started.elapsed()));
+                    }
+                    wait::sleep(py, EMPTY_RETRY)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The error of a sample that found nothing for its whole timeout: a
+    /// timeout if every shard answers (they hold nothing), else the shards
+    /// are lost.
+    fn nothing_to_sample(&self, py: Python<'_>, why: String, waited: Duration) -> Error {
+        let client = self.client.clone();
+        let silent = wait::off_thread(py, move || (0..client.shards()).filter(|&s| client.info(s).is_err()).count());
+        match silent {
+            Ok(0) => {
+                Error::Timeout(format!("timed out after {waited:?} waiting for the cluster to hold items ({why})"))
+            }
+            Ok(n) => Error::Net(gear_net::Error::NoShard(format!("{n} shards do not answer: {why}"))),
+            Err(e) => e,
+        }
+    }
+
+    fn checked(&self, batch: &ClusterBatch) -> Result<()> {
+        let sizes: Vec<usize> = batch.columns.iter().map(Vec::len).collect();
+        if batch.keys.len() != self.rows || sizes != self.column_bytes {
+            return Err(Error::Net(gear_net::Error::Malformed {
+                shard: 0,
+                what: format!(
+                    "the batch has {} rows and columns of {sizes:?} bytes; expected {} rows and {:?}",
+                    batch.keys.len(),
+                    self.rows,
+                    self.column_bytes
+                ),
+            }));
+        }
+        Ok(())
+    }
+
+    fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
+        let mut drawn = self.draw(py)?;
+        self.checked(&drawn)?;
+        let columns = std::mem::take(&mut drawn.columns);
+        let align: Vec<usize> = self.infos.iter().map(|c| c.dtype.size() as usize).collect();
+        let memory = match ReceivedColumns::adopt(columns, &align) {
+            Ok(received) => BatchMemory::Received(Arc::new(received)),
+            Err(columns) => {
+                // Not aligned for the dtype: one copy into a buffer that is.
+                let mut storage = BatchStorage::new(&self.column_bytes)?;
+                for (dst, src) in storage.columns_mut().into_iter().zip(&columns) {
+                    dst.copy_from_slice(src);
+                }
+                BatchMemory::Pooled(Arc::new(storage))
+            }
+        };
+        let buffer = Bound::new(py, BatchBuffer { memory })?;
+        let arrays = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
+        self.finish(py, arrays, drawn, Some(buffer.unbind()))
+    }
+
+    fn finish(
+        &self,
+        py: Python<'_>,
+        columns: Bound<'_, PyDict>,
+        drawn: ClusterBatch,
+        buffer: Option<Py<BatchBuffer>>,
+    ) -> Result<Batch> {
+        let keys = keys::to_array(py, &drawn.keys)?;
+        let facts = RowFacts {
+            keys: Vec::new(),
+            lengths: drawn.lengths.iter().map(|&l| l as i64).collect(),
+            probabilities: drawn.probabilities,
+            weights: drawn.weights,
+            starts: drawn.starts.iter().map(|&s| s as i64).collect(),
+        };
+        let report = ShardReport {
+            lost: drawn.lost.into_iter().map(|l| (l.shard, l.reason)).collect(),
+            rejoined: drawn.rejoined,
+        };
+        Batch::with_keys(py, columns, keys, facts, self.window, self.pad, self.infos.clone(), buffer, report)
+    }
+
+    fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
+        let outputs = batch::OutputArrays::parse(out, &self.infos, self.rows, self.window)?;
+        let drawn = self.draw(py)?;
+        self.checked(&drawn)?;
+        let ranges = outputs.ranges.clone();
+        let sources = &drawn.columns;
+        py.detach(|| {
+            for (&(ptr, len), src) in ranges.iter().zip(sources) {
+                // SAFETY: each range is the data of a live, writeable,
+                // C-contiguous array of exactly `len` bytes (checked by
+                // `OutputArrays::parse`, which `outputs` keeps alive for
+                // this call); the ranges are disjoint; `src` has `len`
+                // bytes (`checked`).
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr as *mut u8, len) };
+            }
+        });
+        let columns = outputs.columns(py, &self.infos)?;
+        let mut drawn = drawn;
+        drawn.columns = Vec::new();
+        self.finish(py, columns, drawn, None)
+    }
+}
+
+#[pymethods]
+impl ClusterSampler {
+    /// Draws one batch across the shards into memory the batch owns (the
+    /// windows as they arrived, no further copy).
+    fn sample(&mut self, py: Python<'_>) -> PyResult<Batch> {
+        Ok(self.sample_batch(py)?)
+    }
+
+    /// Like `sample`, but into your arrays: `out` is a dict of column name
+    /// -> array (or a list in column order), each C-contiguous, writeable,
+    /// of the column's dtype and shape `[rows, window, *shape]` (NumPy
+    /// arrays, or torch CPU tensors, pinned and bfloat16 ones included).
+    fn sample_into(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<Batch> {
+        Ok(self.sample_into_arrays(py, out)?)
+    }
+
+    /// Rows per batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.rows
+    }
+
+    /// Steps per row.
+    #[getter]
+    fn window(&self) -> usize {
+        self.window
+    }
+
+    /// The columns gathered, in order.
+    #[getter]
+    fn columns(&self) -> Vec<String> {
+        batch::names(&self.infos)
+    }
+
+    /// `{column: (numpy dtype name, shape)}` of the arrays `sample_into`
+    /// takes.
+    fn output_spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        Ok(batch::output_spec(py, &self.infos, self.rows, self.window)?)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch (a cluster's batches do not end).
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Batch> {
+        Ok(self.sample_batch(py)?)
+    }
+}
