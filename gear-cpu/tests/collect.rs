@@ -247,8 +247,9 @@ fn threaded_gather_equals_single_threaded_on_a_large_batch() {
 /// batch small enough for Miri: every batch is split across the threads.
 #[test]
 fn a_small_batch_split_across_threads_equals_one_thread() {
-    let spec = TableSpec::new(vec![ColumnSpec::new("x", DType::U8, vec![3]), ColumnSpec::new("y", DType::F32, vec![])], 6, 5)
-        .unwrap();
+    let spec =
+        TableSpec::new(vec![ColumnSpec::new("x", DType::U8, vec![3]), ColumnSpec::new("y", DType::F32, vec![])], 6, 5)
+            .unwrap();
     let table = filled_table(&spec);
     let rows: Vec<GatherRow> = (0..7).map(|i| GatherRow { slot: (i * 3) % 5, len: u64::from(i) % 7 }).collect();
     let w = WindowSpec { offset: -4, len: 5, pad: Pad::Head };
