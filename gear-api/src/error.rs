@@ -18,7 +18,8 @@ pub enum Error {
     Backend(Box<dyn std::error::Error + Send + Sync>),
     /// A wait ran out.
     #[error(
-        "timed out after {waited:?} waiting to {op}{}",
+        "timed out after {:.1} s waiting to {op}{}",
+        .waited.as_secs_f64(),
         .holder.as_ref().map(|h| format!(" (the table lock is held by {h})")).unwrap_or_default()
     )]
     Timeout {
@@ -33,6 +34,34 @@ pub enum Error {
     /// cannot be repaired from the slot records.
     #[error("shared table is corrupted: {0}")]
     Corrupted(String),
+    /// A shared table was created under a name already taken.
+    #[error("shared memory `{name}` already exists in {}: {holder}", .dir.display())]
+    TableExists {
+        /// The name.
+        name: String,
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// What holds the name, and what to do about it.
+        holder: String,
+    },
+    /// No shared table of that name exists.
+    #[error(
+        "shared table `{name}` not found in {} ({})",
+        .dir.display(),
+        if .existing.is_empty() {
+            "no GEAR tables are there".to_owned()
+        } else {
+            format!("tables there: {}", .existing.join(", "))
+        }
+    )]
+    TableNotFound {
+        /// The name asked for.
+        name: String,
+        /// The directory searched.
+        dir: std::path::PathBuf,
+        /// The names of the GEAR tables that are there.
+        existing: Vec<String>,
+    },
     /// The table was closed while or before waiting.
     #[error("table is closed")]
     Closed,

@@ -45,11 +45,12 @@ pub mod writer;
 pub use cuda::{CudaColumn, CudaSampledBatch, CudaSampler, CudaSamplerOptions};
 pub use device::{DeviceColumn, DeviceSampledBatch, DeviceSampler, DeviceSamplerOptions};
 pub use error::{Error, Result};
+pub use gear_core::{WaitReason, WaitRole};
 pub use limiter::RateLimiterConfig;
 pub use sampler::{ColumnBatch, SampleConfig, SampledBatch, SampledRows, Sampler, MAX_BATCH_ROWS};
 pub use table::{
-    latest_checkpoint, AttachOptions, CheckpointReport, CommittedTrajectory, PoolConfig, ReplayTable, SlotCounts,
-    TableBuilder, TableInfo, WaitStats,
+    latest_checkpoint, shared_tables, AttachOptions, CheckpointReport, CommittedTrajectory, PoolConfig, ReplayTable,
+    SlotCounts, TableBuilder, TableInfo, WaitStats, Waiting,
 };
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 

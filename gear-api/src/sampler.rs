@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 pub const MAX_BATCH_ROWS: usize = 1 << 24;
 
 /// Attempts at copying a batch before giving up with [`Error::Torn`].
-const MAX_COPY_ATTEMPTS: u32 = 16;
+pub(crate) const MAX_COPY_ATTEMPTS: u32 = 16;
 
 /// What a sampler draws.
 #[derive(Clone, Debug, PartialEq)]

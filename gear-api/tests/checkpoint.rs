@@ -1,9 +1,12 @@
 //! Checkpoints: round trips of every dtype with equal draws after restore,
-//! truncated, bit-flipped, other-version and other-spec files refused, a
-//! checkpointing child killed with SIGKILL at many points, and a checkpoint
-//! taken while writer processes and a sampler run, every row checked.
-//! Children are this test binary re-run in a role; every wait has a
-//! deadline.
+//! truncated, bit-flipped, other-version and other-spec files refused,
+//! hand-edited records no table can hold refused (checksums recomputed),
+//! targets that are not regular files refused, a checkpointing child
+//! killed with SIGKILL at many points (the previous checkpoint loads, the
+//! temporary files of dead writers are removed, a stopped writer's kept),
+//! and a checkpoint taken while writer processes and a sampler run, every
+//! row checked. Children are this test binary re-run in a role; every wait
+//! has a deadline.
 
 use gear_api::{latest_checkpoint, AttachOptions, Error, ReplayTable, SampleConfig, StepValue};
 use gear_core::{ColumnSpec, DType, RandomSource, TableSpec, WindowSpec, Xoshiro256};
@@ -12,6 +15,10 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "common/not_regular.rs"]
+mod not_regular;
+use not_regular::{make_fifo, null_device};
 
 const ROLE: &str = "GEAR_CKPT_CHILD_ROLE";
 const ARG: &str = "GEAR_CKPT_CHILD_ARG";
@@ -167,6 +174,353 @@ fn truncated_bit_flipped_other_version_and_other_spec_checkpoints_are_refused() 
     assert!(other_spec.contains("spec mismatch"), "{other_spec}");
     // The good file still restores.
     ReplayTable::builder(every_dtype_spec(16)).restore(&good).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- hand-edited files ------------------------------------------------
+
+/// A checkpoint taken apart: its preamble, header payload, trajectory
+/// records (the 40-byte fixed part and the column bytes) and strategy
+/// payloads. [`Parts::assemble`] puts it back with every checksum
+/// recomputed, so what a restore refuses is the edit, not a checksum.
+#[derive(Clone)]
+struct Parts {
+    preamble: Vec<u8>,
+    header: Vec<u8>,
+    records: Vec<([u8; 40], Vec<u8>)>,
+    strategies: Vec<Vec<u8>>,
+    end: Vec<u8>,
+}
+
+fn chunk(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
+    let start = out.len();
+    out.extend_from_slice(&tag.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(payload);
+    let crc = crc32fast::hash(&out[start..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn set_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+impl Parts {
+    fn parse(bytes: &[u8], row_bytes: u64) -> Parts {
+        let mut parts =
+            Parts { preamble: bytes[..16].to_vec(), header: vec![], records: vec![], strategies: vec![], end: vec![] };
+        let mut at = 16;
+        while at < bytes.len() {
+            let tag = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+            let len = u64_at(bytes, at + 4) as usize;
+            let payload = &bytes[at + 12..at + 12 + len];
+            match tag {
+                1 => parts.header = payload.to_vec(),
+                2 => {
+                    let mut r = 0;
+                    while r < payload.len() {
+                        let fixed: [u8; 40] = payload[r..r + 40].try_into().unwrap();
+                        let n = (u64_at(&fixed, 8) * row_bytes) as usize;
+                        parts.records.push((fixed, payload[r + 40..r + 40 + n].to_vec()));
+                        r += 40 + n;
+                    }
+                }
+                3 => parts.strategies.push(payload.to_vec()),
+                4 => parts.end = payload.to_vec(),
+                other => panic!("unknown chunk {other}"),
+            }
+            at += 12 + len + 4;
+        }
+        parts
+    }
+
+    fn assemble(&self) -> Vec<u8> {
+        let mut out = self.preamble.clone();
+        chunk(&mut out, 1, &self.header);
+        let mut data = Vec::new();
+        for (fixed, bytes) in &self.records {
+            data.extend_from_slice(fixed);
+            data.extend_from_slice(bytes);
+        }
+        chunk(&mut out, 2, &data);
+        for s in &self.strategies {
+            chunk(&mut out, 3, s);
+        }
+        chunk(&mut out, 4, &self.end);
+        out
+    }
+
+    /// Byte offset of counter `i` in the header (0 seed, 1 time, 2 inserts,
+    /// 3 samples, 4 evictions, 5 retired, 6 reclaimed, 7 next sequence,
+    /// 8 bytes written, 9 trajectories in the snapshot).
+    fn counter(&self, i: usize) -> usize {
+        4 + u32::from_le_bytes(self.header[..4].try_into().unwrap()) as usize + 8 * i
+    }
+
+    fn next_seq(&self) -> u64 {
+        u64_at(&self.header, self.counter(7))
+    }
+}
+
+// Record fields: slot u32 at 0, generation u32 at 4, length at 8,
+// priority at 16, times sampled at 24, insert sequence at 32.
+fn seq_of(r: &[u8; 40]) -> u64 {
+    u64_at(r, 32)
+}
+
+fn set_generation(r: &mut [u8; 40], g: u32) {
+    r[4..8].copy_from_slice(&g.to_le_bytes());
+}
+
+#[test]
+fn records_no_table_can_hold_are_refused_even_with_checksums_recomputed() {
+    let dir = temp_dir("edited");
+    let good = dir.join("good.gear");
+    let table = small_table();
+    draws(&table, 3);
+    table.checkpoint(&good).unwrap();
+    let parts = Parts::parse(&std::fs::read(&good).unwrap(), table.spec().step_bytes());
+    assert_eq!(parts.records.len(), 16);
+    assert!(parts.records.iter().any(|(r, _)| u64_at(r, 24) > 0), "some trajectory was sampled");
+    let bad = dir.join("bad.gear");
+    // Taken apart and put back unchanged, the file restores: the edits
+    // below are what is refused.
+    std::fs::write(&bad, parts.assemble()).unwrap();
+    let restored = ReplayTable::builder(every_dtype_spec(16)).seed(1).restore(&bad).unwrap();
+    assert_eq!(restored.info().unwrap().size, 16);
+    drop(restored);
+
+    type Edit = Box<dyn Fn(&mut Parts)>;
+    let next = parts.next_seq();
+    let cases: Vec<(&str, Edit, String)> = vec![
+        (
+            "a duplicate insert sequence",
+            Box::new(|p| {
+                let first = seq_of(&p.records[0].0);
+                set_u64(&mut p.records[1].0, 32, first)
+            }),
+            format!("two trajectories have insert sequence {}", seq_of(&parts.records[0].0)),
+        ),
+        (
+            "insert sequence 2^64-1",
+            Box::new(|p| set_u64(&mut p.records[3].0, 32, u64::MAX)),
+            format!("insert sequence {}", u64::MAX),
+        ),
+        ("insert sequence 0", Box::new(|p| set_u64(&mut p.records[0].0, 32, 0)), "insert sequence 0".into()),
+        (
+            "the next insert sequence, not yet handed out",
+            Box::new(move |p| set_u64(&mut p.records[0].0, 32, next)),
+            format!("insert sequence {next}; the table had handed out 1 to {}", next - 1),
+        ),
+        (
+            "a generation beyond its sequence",
+            Box::new(|p| {
+                let s = seq_of(&p.records[2].0) as u32;
+                set_generation(&mut p.records[2].0, s + 1)
+            }),
+            "impossible for insert sequence".into(),
+        ),
+        ("generation 0 (2^32 reuses)", Box::new(|p| set_generation(&mut p.records[0].0, 0)), "generation 0".into()),
+        (
+            "generations adding up to more reuses than inserts",
+            Box::new(|p| {
+                for (r, _) in &mut p.records {
+                    let s = seq_of(r) as u32;
+                    set_generation(r, s);
+                }
+            }),
+            "generations add up to".into(),
+        ),
+        (
+            "an empty trajectory",
+            Box::new(|p| {
+                set_u64(&mut p.records[0].0, 8, 0);
+                p.records[0].1.clear();
+            }),
+            "holds 0 steps".into(),
+        ),
+        ("more steps than T", Box::new(|p| set_u64(&mut p.records[0].0, 8, 13)), "holds 13 steps".into()),
+        (
+            "a slot beyond the capacity",
+            Box::new(|p| p.records[0].0[0..4].copy_from_slice(&16u32.to_le_bytes())),
+            "beyond the capacity".into(),
+        ),
+        (
+            "a slot twice",
+            Box::new(|p| {
+                let slot = p.records[0].0[0..4].to_vec();
+                p.records[1].0[0..4].copy_from_slice(&slot)
+            }),
+            "appears twice".into(),
+        ),
+        ("a NaN priority", Box::new(|p| set_u64(&mut p.records[0].0, 16, f64::NAN.to_bits())), "priority".into()),
+        (
+            "sampled more often than the table sampled rows",
+            Box::new(|p| set_u64(&mut p.records[0].0, 24, 1 << 40)),
+            "sampled".into(),
+        ),
+        (
+            "header: next insert sequence 0",
+            Box::new(|p| {
+                let at = p.counter(7);
+                set_u64(&mut p.header, at, 0)
+            }),
+            "next insert sequence is 0".into(),
+        ),
+        (
+            "header: more inserts than sequences",
+            Box::new(move |p| {
+                let at = p.counter(2);
+                set_u64(&mut p.header, at, next)
+            }),
+            "inserts but only".into(),
+        ),
+        (
+            "header: fewer inserts than trajectories in the file",
+            Box::new(|p| {
+                let at = p.counter(2);
+                set_u64(&mut p.header, at, 3)
+            }),
+            "counts 3 inserts".into(),
+        ),
+        (
+            "header: a snapshot larger than the table",
+            Box::new(|p| {
+                let at = p.counter(9);
+                set_u64(&mut p.header, at, 17)
+            }),
+            "snapshot holds 17".into(),
+        ),
+        ("a strategy of unknown role", Box::new(|p| p.strategies[1][0] = 2), "unknown role 2".into()),
+        ("two samplers' states", Box::new(|p| p.strategies[1][0] = 0), "a second role 0".into()),
+    ];
+    for (what, edit, expected) in cases {
+        let mut edited = parts.clone();
+        edit(&mut edited);
+        std::fs::write(&bad, edited.assemble()).unwrap();
+        let msg = refused(&bad);
+        assert!(msg.contains("corrupted") && msg.contains(&expected), "{what}: {msg}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- targets ------------------------------------------------------------
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn checkpoint_targets_that_are_not_regular_files_are_refused_and_left_alone() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = temp_dir("targets");
+    let table = small_table();
+    let expect_refused = |path: &Path, word: &str| {
+        let msg = match table.checkpoint(path) {
+            Ok(r) => panic!("{} was replaced by a checkpoint of {} bytes", path.display(), r.file_bytes),
+            Err(e @ Error::Checkpoint { .. }) => e.to_string(),
+            Err(e) => panic!("expected a checkpoint error, got {e}"),
+        };
+        assert!(msg.contains(word) && msg.contains(&path.display().to_string()), "{msg}");
+    };
+    // The device node a new user reaches for to mean "don't keep it".
+    if let Some(null) = null_device(&dir) {
+        expect_refused(&null, "is a character device, not a regular file");
+        assert!(std::fs::symlink_metadata(&null).unwrap().file_type().is_char_device(), "still a device");
+    }
+    let sub = dir.join("a-directory");
+    std::fs::create_dir(&sub).unwrap();
+    expect_refused(&sub, "is a directory");
+    assert!(sub.is_dir());
+    let fifo = dir.join("a-fifo");
+    make_fifo(&fifo);
+    expect_refused(&fifo, "is a FIFO");
+    let socket = dir.join("a-socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    expect_refused(&socket, "is a socket");
+    let file = dir.join("kept.gear");
+    std::fs::write(&file, b"someone else's bytes").unwrap();
+    let link = dir.join("link.gear");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    expect_refused(&link, "is a symbolic link");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(&file).unwrap(), b"someone else's bytes");
+    let dangling = dir.join("dangling.gear");
+    std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
+    expect_refused(&dangling, "is a symbolic link");
+    // Named directly, the regular file is replaced; no temporary file is
+    // left by any of the above.
+    table.checkpoint(&file).unwrap();
+    assert_eq!(
+        names_in(&dir),
+        ["a-directory", "a-fifo", "a-socket", "dangling.gear", "kept.gear", "link.gear", "null-device"]
+            .iter()
+            .filter(|n| **n != "null-device" || dir.join(n).exists())
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>(),
+        "only the targets themselves"
+    );
+    // Restores read regular files only (a FIFO would block, a device would
+    // never end), through symbolic links.
+    for (source, word) in [(fifo.clone(), "is a FIFO"), (PathBuf::from("/dev/zero"), "is a character device")] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(refused(&source)));
+        let msg = rx.recv_timeout(Duration::from_secs(20)).expect("a restore from a FIFO or a device returns");
+        assert!(msg.contains(word), "{msg}");
+    }
+    ReplayTable::builder(every_dtype_spec(16)).restore(&link).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn stale_temporary_files_are_removed_and_live_ones_kept() {
+    use gear_api::table::checkpoint::{files::ReplacingFile, remove_stale_temporaries};
+    let dir = temp_dir("stale");
+    let table = small_table();
+    table.checkpoint_into(&dir, 3).unwrap();
+    // Left by dead writers: this scheme's names and the names of writers
+    // from before it (no number).
+    for name in ["checkpoint-0000000002.gear.tmp.4242.0", "checkpoint-0000000002.gear.tmp.4242"] {
+        std::fs::write(dir.join(name), b"partial").unwrap();
+    }
+    // Not temporary files of numbered checkpoints: kept.
+    let others = ["notes.txt.tmp.1.0", "checkpoint-x.gear.tmp.1.0", "checkpoint-0000000003.gear.tmp.x"];
+    for name in others {
+        std::fs::write(dir.join(name), b"keep").unwrap();
+    }
+    // A FIFO under a temporary name is not a file a writer left: kept,
+    // and looking at it does not block.
+    make_fifo(&dir.join("checkpoint-0000000004.gear.tmp.7.0"));
+    // A live writer's temporary file, from this process (the lock is per
+    // open file, so even the writer's own process does not take it).
+    let live = ReplacingFile::create(&dir.join("checkpoint-0000000005.gear")).unwrap();
+    assert_eq!(remove_stale_temporaries(&dir).unwrap(), 2);
+    let names = names_in(&dir);
+    assert!(names.contains(&live.path().file_name().unwrap().to_str().unwrap().to_owned()), "{names:?}");
+    for name in others {
+        assert!(names.contains(&name.to_owned()), "{name} kept: {names:?}");
+    }
+    assert!(names.contains(&"checkpoint-0000000004.gear.tmp.7.0".to_owned()));
+    assert!(!names.iter().any(|n| n.starts_with("checkpoint-0000000002.gear.tmp.")), "{names:?}");
+    // Dropped without a commit, the writer removes its own file.
+    let path = live.path().to_owned();
+    drop(live);
+    assert!(!path.exists());
+    // `checkpoint(path)` removes stale files of its own target only.
+    for name in ["one.gear.tmp.99.0", "two.gear.tmp.99.0"] {
+        std::fs::write(dir.join(name), b"partial").unwrap();
+    }
+    table.checkpoint(dir.join("one.gear")).unwrap();
+    let names = names_in(&dir);
+    assert!(!names.contains(&"one.gear.tmp.99.0".to_owned()) && names.contains(&"two.gear.tmp.99.0".to_owned()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -341,6 +695,126 @@ fn sigkill_while_checkpointing_leaves_the_previous_checkpoint_loadable() {
         restore_fifo(&dir, 4096).unwrap();
     }
     eprintln!("partial files left by killed children seen: {saw_partial}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A table large enough (69 MB of slots) for the restore to fault its
+/// pages in from a second thread, written past its capacity so that the
+/// file's order (oldest insert first) starts mid-table and wraps: every
+/// row restores intact while that thread populates the pages around it.
+#[test]
+fn a_large_table_restores_every_row_while_its_pages_are_faulted_in_ahead() {
+    let dir = temp_dir("large");
+    let capacity = 16384;
+    let table = ReplayTable::builder(pattern_spec(capacity))
+        .sampler_kind(StrategyKind::Fifo, StrategyParams::default())
+        .build()
+        .unwrap();
+    let writer = table.writer();
+    for id in 1..=(capacity as i64 * 3 / 2) {
+        write_pattern(&writer, id, 1 + (id as u64 * 7) % 16);
+    }
+    let path = dir.join("large.gear");
+    let report = table.checkpoint(&path).unwrap();
+    assert_eq!(report.trajectories, capacity);
+    let restored = restore_fifo(&path, capacity).unwrap();
+    assert_eq!(check_every_row(&restored), capacity);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The temporary files in `dir`.
+fn temporaries(dir: &Path) -> Vec<String> {
+    names_in(dir).into_iter().filter(|n| n.contains(".tmp.")).collect()
+}
+
+/// Waits (10 s at most) until a temporary file is in `dir`.
+fn wait_for_temporary(dir: &Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if !temporaries(dir).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    false
+}
+
+#[test]
+fn killed_checkpoint_writers_leave_no_temporary_files_behind() {
+    use gear_api::table::checkpoint::remove_stale_temporaries;
+    let dir = temp_dir("killed");
+    let arg = dir.to_str().unwrap().to_owned();
+    let mut rng = Xoshiro256::seed_from_u64(41);
+    let mut kills_mid_write = 0;
+    for round in 0..12 {
+        let mut child = spawn("checkpointer", &arg);
+        wait_line(&mut child.0, "first");
+        // At a random moment, most often while a checkpoint is written.
+        if rng.below(4) != 0 {
+            wait_for_temporary(&dir);
+        }
+        std::thread::sleep(Duration::from_micros(rng.below(3000)));
+        drop(child);
+        // Each writer removed what the writers killed before it left: at
+        // most the last one's file is here.
+        let temps = temporaries(&dir);
+        assert!(temps.len() <= 1, "round {round}: {temps:?}");
+        kills_mid_write += temps.len();
+        let numbered = names_in(&dir).len() - temps.len();
+        assert!(numbered <= 3, "round {round}: {numbered} checkpoints kept with --keep 2");
+        restore_fifo(&dir, 4096).unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    eprintln!("{kills_mid_write} of 12 kills landed while a checkpoint was being written");
+    assert!(kills_mid_write > 0, "no kill landed during a write: nothing was tested");
+    let left = temporaries(&dir).len();
+    assert_eq!(remove_stale_temporaries(&dir).unwrap(), left);
+    assert!(temporaries(&dir).is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_stopped_checkpoint_writer_keeps_its_temporary_file() {
+    use gear_api::table::checkpoint::remove_stale_temporaries;
+    let dir = temp_dir("stopped");
+    let mut child = spawn("checkpointer", dir.to_str().unwrap());
+    wait_line(&mut child.0, "first");
+    let pid = child.0.id() as libc::pid_t;
+    let mut rng = Xoshiro256::seed_from_u64(43);
+    let mut caught = 0;
+    for _ in 0..200 {
+        if caught == 5 {
+            break;
+        }
+        if !wait_for_temporary(&dir) {
+            continue;
+        }
+        // SAFETY: kill() and waitpid() on a child this test started and
+        // has not reaped (it is reaped by the guard's drop).
+        unsafe {
+            assert_eq!(libc::kill(pid, libc::SIGSTOP), 0);
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, libc::WUNTRACED), pid);
+        }
+        // The writer is stopped, its process alive: its file stays.
+        let temps = temporaries(&dir);
+        if !temps.is_empty() {
+            assert_eq!(remove_stale_temporaries(&dir).unwrap(), 0, "{temps:?}");
+            assert_eq!(temporaries(&dir), temps);
+            caught += 1;
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        std::thread::sleep(Duration::from_micros(rng.below(5000)));
+    }
+    assert!(caught > 0, "the writer was never stopped mid-write");
+    // Resumed each time, it finished those checkpoints (an error would
+    // have ended it).
+    assert!(child.0.try_wait().unwrap().is_none(), "the checkpointer died");
+    drop(child);
+    let left = temporaries(&dir).len();
+    assert_eq!(remove_stale_temporaries(&dir).unwrap(), left);
+    assert!(temporaries(&dir).is_empty());
+    check_every_row(&restore_fifo(&dir, 4096).unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -59,6 +59,9 @@ fn areas(rl: &RegionLayout) -> Vec<(&'static str, u64, u64)> {
         ("header", 0, 64 + rl.spec_bytes),
         ("control block", ctl, leases),
         ("lease generations", ctl + leases, 64),
+        // Entries that name no wait, or a live process's wait with any
+        // reason: info() must read them without trusting them.
+        ("wait list", ctl + std::mem::offset_of!(ControlBlock, waits) as u64, 16 * 64),
         ("free list", rl.free_offset, 4 * spec().capacity()),
         ("change log", rl.log_offset, 32 * 64),
         ("slot records", rl.slots_offset, 64 * spec().capacity()),

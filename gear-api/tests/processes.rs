@@ -136,6 +136,11 @@ fn child_entry() {
             assert_eq!(table.update_priorities(&updates).unwrap(), keys.len());
             println!("reprioritized {}", keys.len());
         }
+        // Begins a trajectory on a full queue: waits until killed.
+        "blocked-writer" => {
+            println!("ready 0 0");
+            let _ = table.writer().with_timeout(Duration::from_secs(60)).begin(None);
+        }
         // Samples large batches until killed.
         "sampler-loop" => {
             let mut sampler = table
@@ -349,6 +354,34 @@ fn attaching_to_what_is_not_a_table_is_a_clear_error() {
     assert!(msg("../etc").contains("invalid shared memory name"));
     drop(table);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_writer_waiting_in_another_process_is_listed_until_it_dies() {
+    let name = format!("gear-test-waits-{}", std::process::id());
+    let table = ReplayTable::builder(spec(8, 4)).queue(2).unwrap().shared_memory(&name).build().unwrap();
+    for id in 1..=2 {
+        let mut t = table.writer().begin(None).unwrap();
+        append(&mut t, id, 0);
+        t.end().unwrap();
+    }
+    let mut child = spawn("blocked-writer", &name, 0);
+    wait_ready(&mut child);
+    let listed = |table: &ReplayTable| table.info().unwrap().waiting;
+    let start = Instant::now();
+    while listed(&table).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(20), "the child's wait was never listed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let w = listed(&table);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(
+        (w[0].role, w[0].reason, w[0].pid),
+        (gear_api::WaitRole::Writer, gear_api::WaitReason::FullTable, child.id())
+    );
+    // A process killed while waiting leaves an entry that reads as dead.
+    kill(&mut child);
+    assert!(listed(&table).is_empty(), "a dead process's wait is not listed: {:?}", listed(&table));
 }
 
 #[test]

@@ -325,9 +325,43 @@ fn attaching_with_a_wrong_spec_or_name_is_a_clear_error() {
     assert!(e.contains("spec mismatch") && e.contains("T=5") && e.contains("T=6"), "{e}");
     let e = ReplayTable::attach("gear-test-no-such-table", AttachOptions::default()).unwrap_err().to_string();
     assert!(e.contains("gear-test-no-such-table") && e.contains("not found"), "{e}");
-    // Creating a second table under the same name is refused.
+    // ... and lists the tables that do exist there, this one among them.
+    assert!(e.contains("tables there:") && e.contains(&name), "{e}");
+    // Creating a second table under the same name is refused, naming the
+    // process that holds it and the call that reaches it instead.
     let e = ReplayTable::builder(spec3(5, 4)).shared_memory(name.clone()).build().unwrap_err().to_string();
     assert!(e.contains("already exists"), "{e}");
+    assert!(e.contains(&format!("process {}", std::process::id())) && e.contains("which is running"), "{e}");
+    assert!(e.contains("ReplayTable::attach") && !e.contains("attach with open"), "{e}");
+}
+
+#[test]
+fn a_table_built_from_a_builtin_strategy_instance_is_attached_without_it() {
+    // The README's way: `.sampler(Prioritized::new(..)?)`, then a plain
+    // attach; the attacher rebuilds the same prioritized strategy.
+    let name = unique("builtin-instance");
+    let table = ReplayTable::builder(spec3(5, 8))
+        .sampler(gear_sampler::Prioritized::new(0.7, 0.3).unwrap())
+        .remover(gear_sampler::Lifo::new())
+        .shared_memory(name.clone())
+        .build()
+        .unwrap();
+    write_traj(&table, 1, 2, Some(4.0));
+    let attached = ReplayTable::attach(&name, AttachOptions::default()).unwrap();
+    let mut sampler = attached.sampler(SampleConfig::new(4, WindowSpec::last(2))).unwrap();
+    // One item: probability 1.
+    assert_eq!(sampler.sample().unwrap().probabilities(), &[1.0; 4]);
+    assert_eq!(attached.selection_mass().unwrap().map(|m| m.total), Some(4f64.powf(0.7)), "alpha 0.7 came along");
+    // A strategy of the user's own type still has to be passed, and the
+    // error says how.
+    let custom = unique("custom-instance");
+    let _t = ReplayTable::builder(spec3(5, 8))
+        .sampler(common::HookedUniform::new("mine"))
+        .shared_memory(custom.clone())
+        .build()
+        .unwrap();
+    let e = ReplayTable::attach(&custom, AttachOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("AttachOptions { sampler: Some(Box::new(...)), .. }"), "{e}");
 }
 
 #[test]

@@ -539,6 +539,8 @@ pub fn run_bench_processes(c: &BenchConfig, writers: usize, progress: &mut Progr
         .seed(c.seed)
         .shared_memory(&name)
         .build()?;
+    // Ctrl-C ends the bench at once (signals.rs): the file goes with it.
+    let _remove_file = crate::signals::remove_on_exit(format!("/dev/shm/{name}").into());
     let traj_bytes = spec.step_bytes() * c.steps;
     let per_writer = c.inserts.div_ceil(writers as u64);
     progress.line(&format!("gear bench: {writers} writer processes and 1 sampler process on `{name}`"));

@@ -20,6 +20,8 @@ pub fn print_stats<T: Serialize>(stats: &T) {
 pub struct GearChild {
     role: String,
     child: Child,
+    /// Kills the child if a signal ends this process first.
+    _on_signal: crate::signals::Registered,
 }
 
 /// Starts `gear <args>` from the current executable.
@@ -31,7 +33,8 @@ pub fn spawn(role: &str, args: &[String]) -> Result<GearChild> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| Error::Config(format!("cannot start {role} process: {e}")))?;
-    Ok(GearChild { role: role.to_owned(), child })
+    let _on_signal = crate::signals::kill_on_exit(child.id());
+    Ok(GearChild { role: role.to_owned(), child, _on_signal })
 }
 
 impl GearChild {

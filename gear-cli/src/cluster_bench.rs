@@ -99,8 +99,8 @@ fn io(e: std::io::Error) -> Error {
     Error::Config(format!("bench: {e}"))
 }
 
-/// Shard processes, killed when dropped.
-struct Servers(Vec<Child>);
+/// Shard processes, killed when dropped (or when a signal ends the bench).
+struct Servers(Vec<Child>, Vec<crate::signals::Registered>);
 
 impl Drop for Servers {
     fn drop(&mut self) {
@@ -231,10 +231,11 @@ pub fn run_cluster_bench(
     let bench_dir = BenchDir(base.join(format!("gear-cluster-bench-{}", std::process::id())));
     let dir = bench_dir.0.clone();
     std::fs::create_dir_all(&dir).map_err(io)?;
+    let _remove_dir = crate::signals::remove_on_exit(dir.clone());
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let token = format!("bench-{:032x}", nanos ^ u128::from(std::process::id()));
     let exe = std::env::current_exe().map_err(io)?;
-    let mut servers = Servers(Vec::new());
+    let mut servers = Servers(Vec::new(), Vec::new());
     let mut addrs = Vec::new();
     for s in 0..shards {
         let config = dir.join(format!("shard{s}.toml"));
@@ -252,11 +253,13 @@ pub fn run_cluster_bench(
             .args(["serve", "--config"])
             .arg(&config)
             .env("GEAR_TOKEN", &token)
+            .env(crate::serve::EXIT_WITH_PARENT, "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .map_err(io)?;
         let stdout = child.stdout.take();
+        servers.1.push(crate::signals::kill_on_exit(child.id()));
         servers.0.push(child);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -1,24 +1,98 @@
-//! Cluster files (parsed by gear-net's [`ClusterFile`], which documents the
-//! format) and `gear cluster-info`, which reads one and asks every shard
-//! its tables' counters (once, or live with `--watch`).
+//! Cluster files (parsed by gear-net's [`ClusterFile`]; every key:
+//! docs/CONFIG.md, and `gear config example cluster` prints a commented
+//! one) and `gear cluster-info`, which reads one and asks every shard its
+//! tables' counters (once, or live with `--watch`), waiting a while for
+//! shards that are still starting.
 
 use gear_api::{Error, Result};
 pub use gear_net::cluster_file::ClusterFile;
 use gear_net::ClusterClient;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 fn net(e: gear_net::Error) -> Error {
     Error::Backend(Box::new(e))
 }
 
+/// Reads a cluster file; errors name it.
+pub fn load(path: &Path) -> Result<ClusterFile> {
+    ClusterFile::load(path).map_err(net)
+}
+
+/// A client of the cluster the file at `path` describes.
+pub fn connect(path: &Path) -> Result<ClusterClient> {
+    ClusterClient::new(load(path)?.client_config().map_err(net)?).map_err(net)
+}
+
+/// Whether `e` says the shard is not listening (yet): refused or
+/// unreachable connections, as right after `gear serve` starts (it listens
+/// once its tables exist).
+fn not_up(e: &gear_net::Error) -> bool {
+    match e {
+        gear_net::Error::Status { status, .. } => status.code() == tonic::Code::Unavailable,
+        gear_net::Error::Transport(_) => true,
+        _ => false,
+    }
+}
+
+/// Asks `ask` again, for up to `wait`, while shard `s` is not listening
+/// yet, saying so once on stderr.
+fn ask_waiting<T>(s: usize, wait: Duration, ask: impl Fn() -> gear_net::Result<T>) -> gear_net::Result<T> {
+    let deadline = Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match ask() {
+            Err(e) if not_up(&e) && Instant::now() < deadline => {
+                if !said {
+                    eprintln!(
+                        "shard {s} is not answering yet ({e}); it may still be starting (`gear serve` listens once \
+                         its tables are created): waiting up to {:.0} s",
+                        deadline.saturating_duration_since(Instant::now()).as_secs_f64()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Prints what `show` makes of each shard's answer to `ask`, or the error
+/// of each shard that did not answer (it names the shard); fails, after
+/// every shard was asked, when any did not answer.
+pub fn each_shard<T>(
+    client: &ClusterClient,
+    mut ask: impl FnMut(usize) -> gear_net::Result<T>,
+    mut show: impl FnMut(usize, T),
+) -> Result<()> {
+    let mut failed = 0;
+    for s in 0..client.shards() {
+        match ask(s) {
+            Ok(answer) => show(s, answer),
+            Err(e) => {
+                failed += 1;
+                println!("{e}");
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(Error::Backend(format!("{failed} of {} shards did not answer", client.shards()).into()));
+    }
+    Ok(())
+}
+
 /// `gear cluster-info`'s options.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InfoOptions {
+    /// How long to wait, at the first asking, for shards that are not
+    /// listening yet (still creating their tables).
+    pub wait: Duration,
     /// Print the figures again every `interval`, with rates since the
     /// previous refresh, until interrupted or `count` refreshes.
     pub watch: bool,
     /// Time between two refreshes.
-    pub interval: std::time::Duration,
+    pub interval: Duration,
     /// Stop after this many refreshes (`None`: until interrupted).
     pub count: Option<u64>,
 }
@@ -29,12 +103,14 @@ type ShardAnswer = std::result::Result<gear_net::ShardTables, gear_net::Error>;
 /// `gear cluster-info`: every shard's tables and their counters, or why it
 /// did not answer; with `--watch`, live.
 pub fn cluster_info(path: &Path, options: InfoOptions) -> Result<()> {
-    let file = ClusterFile::load(path).map_err(net)?;
+    let file = load(path)?;
     let client = ClusterClient::new(file.client_config().map_err(net)?).map_err(net)?;
     let only = file.table.as_deref();
     let ask = || (0..client.shards()).map(|s| client.tables(s)).collect::<Vec<ShardAnswer>>();
+    // The first time, shards still starting are waited for.
+    let first = (0..client.shards()).map(|s| ask_waiting(s, options.wait, || client.tables(s))).collect();
     if !options.watch {
-        let answers = ask();
+        let answers: Vec<ShardAnswer> = first;
         print_once(&answers, only);
         let failed = answers.iter().filter(|a| a.is_err()).count();
         if failed > 0 {
@@ -44,11 +120,12 @@ pub fn cluster_info(path: &Path, options: InfoOptions) -> Result<()> {
     }
     // SAFETY: isatty only reads the descriptor's state.
     let terminal = unsafe { libc::isatty(1) } == 1;
-    let mut previous: Option<(std::time::Instant, Vec<ShardAnswer>)> = None;
+    let mut previous: Option<(Instant, Vec<ShardAnswer>)> = None;
     let mut refreshes = 0u64;
+    let mut first = Some(first);
     loop {
-        let at = std::time::Instant::now();
-        let answers = ask();
+        let at = Instant::now();
+        let answers = first.take().unwrap_or_else(ask);
         if terminal {
             // Clear the screen and go home: one frame per refresh.
             print!("\x1b[H\x1b[2J");
@@ -111,12 +188,7 @@ fn rate(now: u64, before: Option<u64>, seconds: f64, scale: f64) -> String {
 
 /// One `--watch` frame: per shard and table, the fill, the rates since the
 /// previous frame and the waits.
-fn print_frame(
-    answers: &[ShardAnswer],
-    since: Option<(f64, &[ShardAnswer])>,
-    only: Option<&str>,
-    interval: std::time::Duration,
-) {
+fn print_frame(answers: &[ShardAnswer], since: Option<(f64, &[ShardAnswer])>, only: Option<&str>, interval: Duration) {
     println!("gear cluster-info --watch: every {:.1} s; Ctrl-C stops", interval.as_secs_f64());
     println!(
         "{:<5} {:<16} {:>15} {:>10} {:>10} {:>9} {:>9} {:>22} {:>16}",

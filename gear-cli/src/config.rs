@@ -1,96 +1,9 @@
-//! Configuration files for `gear serve --config FILE` (TOML). One table,
-//! with its keys at the top level:
-//!
-//! ```toml
-//! name = "atari"                 # the table's name: shared memory and clients
-//! # shm_name = "atari-0"         # shared-memory name, if not `name`
-//! # dir = "/dev/shm"             # where the backing file goes
-//! max_len = 128                  # T, steps per trajectory
-//! capacity = 2048                # trajectories
-//! seed = 0
-//! sample_while_writing = false
-//! # max_times_sampled = 1
-//!
-//! [[columns]]
-//! name = "obs"
-//! dtype = "u8"
-//! shape = [84, 84]
-//!
-//! [[columns]]
-//! name = "reward"
-//! dtype = "f32"
-//! shape = []
-//!
-//! [sampler]                      # uniform, prioritized, fifo, lifo, max-heap, min-heap
-//! kind = "prioritized"
-//! alpha = 0.6
-//! beta = 0.4
-//!
-//! [remover]
-//! kind = "fifo"
-//!
-//! [rate_limiter]                 # optional; Reverb's semantics
-//! min_size_to_sample = 64
-//! samples_per_insert = 8.0       # with error_buffer: a ratio limiter
-//! error_buffer = 256.0
-//! # queue = 1000                 # instead: a queue of this size
-//!
-//! [grpc]                         # optional: answer remote clients (gear-net)
-//! listen = "0.0.0.0:50051"
-//! shard = 0                      # this server's index in the cluster
-//! # token = "..."                # else the GEAR_TOKEN environment variable
-//! # tls_cert = "server.pem"       # TLS: certificate chain and key (PEM)
-//! # tls_key = "server.key"
-//! # tls_client_ca = "ca.pem"      # mutual TLS: clients need a cert from this CA
-//!
-//! [grpc.rdma]                    # optional: the RDMA device of the data plane
-//! # device = "mlx5_0"            # else the first device
-//! # port = 1                     # from 1
-//! # gid_index = 3                # else the RoCE v2 IPv4/IPv6 entry, else 0 (`show_gids`)
-//! # traffic_class = 0            # GRH traffic class (RoCE v2 DSCP and ECN bits)
-//! # service_level = 0            # 0 to 15
-//! # max_queue_pairs = 4096       # bounds on clients' queue pairs
-//! # max_queue_pairs_per_client = 256
-//! # idle_timeout_ms = 60000      # idle connections are reaped for room
-//!
-//! [metrics]                      # optional: Prometheus text on GET /metrics
-//! listen = "127.0.0.1:9090"
-//! ```
-//!
-//! Or several tables, one `[[tables]]` entry each (the keys above, without
-//! `[grpc]` and `[metrics]`, which stay at the top level); clients name
-//! the table they use (a cluster file's `table`):
-//!
-//! ```toml
-//! [[tables]]
-//! name = "replay"
-//! max_len = 64
-//! capacity = 4096
-//! [[tables.columns]]
-//! name = "obs"
-//! dtype = "f32"
-//! shape = [8]
-//! [tables.sampler]
-//! kind = "prioritized"
-//!
-//! [[tables]]
-//! name = "queue"
-//! max_len = 64
-//! capacity = 256
-//! max_times_sampled = 1
-//! [[tables.columns]]
-//! name = "obs"
-//! dtype = "f32"
-//! shape = [8]
-//! [tables.sampler]
-//! kind = "fifo"
-//! [tables.rate_limiter]
-//! queue = 256
-//!
-//! [grpc]
-//! listen = "0.0.0.0:50051"
-//! shard = 0
-//! ```
+//! Configuration files for `gear serve --config FILE` (TOML): one table
+//! with its keys at the top level, or several under `[[tables]]` (with
+//! `[grpc]` and `[metrics]` at the top level). Every key, its type, default
+//! and an example: docs/CONFIG.md; `gear config example serve|tables`
+//! prints a commented config that runs as it is (`examples.rs`). Unknown
+//! keys are refused with their line and column.
 //!
 //! Checkpoints of a `[[tables]]` file go into one subdirectory of
 //! `--checkpoint-dir` per table name, and `--restore DIR` reads each table
@@ -172,7 +85,7 @@ struct TablesFile {
 fn load_with<T>(path: &Path, parse: impl FnOnce(&str) -> Result<T>) -> Result<T> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
-    parse(&text).map_err(|e| Error::Config(format!("{}: {}", path.display(), strip_config_prefix(&e))))
+    parse(&text).map_err(|e| in_file(path, e))
 }
 
 impl ServeConfig {
@@ -229,15 +142,6 @@ impl ServeConfig {
 fn has_tables_array(text: &str) -> Result<bool> {
     let top: toml::Table = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
     Ok(top.contains_key("tables"))
-}
-
-/// `e`'s message without the "invalid configuration: " its type prefixes,
-/// for errors that wrap it in another configuration error.
-fn strip_config_prefix(e: &Error) -> String {
-    match e {
-        Error::Config(what) => what.clone(),
-        e => e.to_string(),
-    }
 }
 
 fn strip_net_prefix(e: gear_net::Error) -> String {
@@ -297,6 +201,18 @@ pub struct LimiterConfig {
 
 fn one() -> u64 {
     1
+}
+
+/// `e`, said of the file `path`: a configuration or spec error gets the
+/// file's name in front of its message (once: `invalid configuration: a.toml:
+/// TOML parse error ...`), any other error is returned as it is.
+pub fn in_file(path: &Path, e: Error) -> Error {
+    match e {
+        Error::Config(what) => Error::Config(format!("{}: {what}", path.display())),
+        // A spec the file describes (an unknown dtype, a zero capacity).
+        Error::Core(what) => Error::Config(format!("{}: {what}", path.display())),
+        e => e,
+    }
 }
 
 /// Refuses absurd RDMA settings, naming the key under `prefix` (`grpc.`
@@ -366,6 +282,13 @@ impl TableConfig {
             .seed(self.seed)
             .sample_while_writing(self.sample_while_writing);
         if let Some(r) = &self.remover {
+            if r.alpha.is_some() || r.beta.is_some() || r.stratified.is_some() {
+                return Err(Error::Config(
+                    "[remover]: alpha, beta and stratified are [sampler]'s (a prioritized remover uses them too); \
+                     give only `kind` here"
+                        .into(),
+                ));
+            }
             b = b.remover_kind(r.kind.parse()?);
         }
         if let Some(n) = self.max_times_sampled {
@@ -532,6 +455,7 @@ error_buffer = 16.0
         assert!(e(&EXAMPLE.replace("prioritized", "best")).contains("unknown selection strategy `best`"));
         assert!(e(&EXAMPLE.replace("capacity = 8", "capacity = 0")).contains("capacity is zero"));
         assert!(e(&EXAMPLE.replace("error_buffer = 16.0", "error_buffer = 1.0")).contains("can deadlock"));
+        assert!(e(&format!("{EXAMPLE}[remover]\nkind = \"fifo\"\nalpha = 0.5\n")).contains("give only `kind`"));
         assert!(
             e(&EXAMPLE.replace("seed", "seeds").replace("name = \"t\"", "name = \"t\"\ncolour = 1")).contains("colour")
         );

@@ -92,6 +92,8 @@ pub struct DemoSummary {
     pub evictions: u64,
     /// Wall time.
     pub seconds: f64,
+    /// Whether SIGINT or SIGTERM ended the run before its time.
+    pub interrupted: bool,
 }
 
 impl DemoSummary {
@@ -159,7 +161,7 @@ pub fn actor_loop(table: &ReplayTable, id: u64, seed: u64, deadline: Instant) ->
     let mut stats = ActorStats { pid: std::process::id(), ..Default::default() };
     let step_bytes = table.spec().step_bytes();
     let mut episode = id << 40;
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && !crate::signals::stop_requested() {
         episode += 1;
         let len = 8 + rng.below(t_max - 7);
         let mut traj = match writer.begin(None) {
@@ -212,7 +214,7 @@ pub fn trainer_loop(
     let mut last_report = Instant::now();
     let mut new_priorities = Vec::with_capacity(batch);
     let row_bytes = table.spec().step_bytes() - 1; // obs, action, reward: all but `done`
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && !crate::signals::stop_requested() {
         let b = match sampler.sample() {
             Ok(b) => b,
             Err(e) if stopped(&e) => break,
@@ -268,6 +270,8 @@ pub fn run_demo(c: &DemoConfig, progress: &mut Progress) -> Result<DemoSummary> 
     }
     let name = format!("gear-demo-{}", std::process::id());
     let table = demo_table(c, (!c.threads).then_some(name.as_str()))?;
+    // A second Ctrl-C ends the demo at once: the file goes with it.
+    let _remove_file = (!c.threads).then(|| crate::signals::remove_on_exit(format!("/dev/shm/{name}").into()));
     progress.line(&format!(
         "gear demo: {} actor {}, 1 trainer (prioritized, 8 samples per insert), \
          table of {} episodes x {} steps x {} B/step ({:.0} MB of {})",
@@ -285,7 +289,13 @@ pub fn run_demo(c: &DemoConfig, progress: &mut Progress) -> Result<DemoSummary> 
         if c.threads { run_threads(c, &table, deadline, progress) } else { run_processes(c, &name, &table, progress) };
     table.close();
     let (actors, trainer) = summary?;
-    Ok(DemoSummary { actors, trainer, evictions: table.info()?.evictions, seconds: start.elapsed().as_secs_f64() })
+    Ok(DemoSummary {
+        actors,
+        trainer,
+        evictions: table.info()?.evictions,
+        seconds: start.elapsed().as_secs_f64(),
+        interrupted: crate::signals::stop_requested(),
+    })
 }
 
 fn run_threads(
@@ -341,13 +351,20 @@ fn run_processes(
         &c.window.to_string(),
     ];
     let trainer: GearChild = spawn("trainer", &args.map(String::from))?;
-    while start.elapsed() < c.duration {
-        std::thread::sleep(Duration::from_millis(1000).min(c.duration.saturating_sub(start.elapsed())));
-        progress_line(progress, table, start)?;
+    let mut last_line = Instant::now();
+    while start.elapsed() < c.duration && !crate::signals::stop_requested() {
+        std::thread::sleep(Duration::from_millis(100).min(c.duration.saturating_sub(start.elapsed())));
+        if last_line.elapsed() >= Duration::from_secs(1) {
+            last_line = Instant::now();
+            progress_line(progress, table, start)?;
+        }
     }
     // Give children a moment to end on their own, then wake any still
-    // blocked on the rate limiter.
-    std::thread::sleep(Duration::from_millis(200));
+    // blocked on the rate limiter (at once when a signal stopped the run:
+    // the children ignore Ctrl-C and stop when the table closes).
+    if !crate::signals::stop_requested() {
+        std::thread::sleep(Duration::from_millis(200));
+    }
     table.close();
     let trainer: TrainerStats = trainer.finish()?;
     let actors = actors.into_iter().map(GearChild::finish).collect::<Result<Vec<ActorStats>>>()?;

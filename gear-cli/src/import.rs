@@ -8,7 +8,10 @@
 //!   builds the table the config describes in private memory, imports, and
 //!   writes it to `--checkpoint FILE` (required then: a table this process
 //!   made is gone when it exits), for `gear serve --config FILE --restore
-//!   FILE`.
+//!   FILE`; `--no-checkpoint` keeps nothing (a check that the file
+//!   imports). A `--checkpoint` or `--hdf5` output that exists and is not
+//!   a regular file (`/dev/null`, a directory, a FIFO, a socket, a
+//!   symbolic link) is refused before any work.
 //! * `--table NAME` attaches to a served table by name (`--dir` for a
 //!   backing file outside `/dev/shm`).
 //!
@@ -25,7 +28,7 @@ use std::process::ExitCode;
 /// Where the table comes from, for both commands.
 #[derive(clap::Args, Debug)]
 pub struct TableArgs {
-    /// The table config (see `gear-cli/src/config.rs`): the table it names
+    /// The table config (docs/CONFIG.md): the table it names
     /// is attached when served, else built.
     #[arg(long, required_unless_present = "table")]
     config: Option<PathBuf>,
@@ -35,11 +38,6 @@ pub struct TableArgs {
     /// Directory of the table's backing file (with --table; default /dev/shm).
     #[arg(long, requires = "table")]
     dir: Option<PathBuf>,
-    /// Import: write the table to this checkpoint afterwards (required
-    /// when no process serves the table).
-    /// Export: read this checkpoint (with --config) instead of a served table.
-    #[arg(long)]
-    checkpoint: Option<PathBuf>,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -69,6 +67,15 @@ pub struct ImportArgs {
     /// corrupt chunk found mid-import leaves the trajectories before it).
     #[arg(long)]
     no_verify: bool,
+    /// Write the table to this checkpoint file afterwards (a regular file
+    /// or a new path; required when no process serves the table, unless
+    /// --no-checkpoint: the imported table would be lost).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// With no served table: import into a table built here and keep
+    /// nothing (a check that the file imports into the config's table).
+    #[arg(long, conflicts_with = "checkpoint")]
+    no_checkpoint: bool,
     #[command(flatten)]
     table: TableArgs,
 }
@@ -89,6 +96,10 @@ pub struct ExportArgs {
     /// files are.
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=9))]
     deflate: Option<u32>,
+    /// Read the table from this checkpoint file (with --config, for its
+    /// spec) instead of a served table.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
     #[command(flatten)]
     table: TableArgs,
 }
@@ -157,28 +168,40 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
     if !args.hdf5.exists() {
         return Err(format!("{}: no such file", args.hdf5.display()));
     }
+    if let Some(out) = &args.checkpoint {
+        // Refused before the import, not after it: `/dev/null` is not a
+        // way to keep nothing (--no-checkpoint is).
+        check_target(out, "--checkpoint")?;
+    }
     let (table, checkpoint) = match served(&args.table)? {
         Some(t) => {
             println!("importing into the served table `{}`", t.name().unwrap_or("?"));
-            (t, args.table.checkpoint.clone())
+            (t, args.checkpoint.clone())
         }
         None => {
             let cfg =
                 TableConfig::load(args.table.config.as_deref().unwrap_or(Path::new(""))).map_err(|e| e.to_string())?;
-            let Some(out) = &args.table.checkpoint else {
+            if args.checkpoint.is_none() && !args.no_checkpoint {
                 return Err(format!(
                     "no process serves table `{}` (start `gear serve --config ...` first), and without \
-                     --checkpoint FILE the imported table would be lost when this command exits",
+                     --checkpoint FILE the imported table would be lost when this command exits \
+                     (--no-checkpoint: import only to check the file, keeping nothing)",
                     cfg.name
                 ));
-            };
+            }
             let t = cfg.builder().and_then(|b| b.pool(PoolConfig::Host).build()).map_err(|e| e.to_string())?;
-            println!(
-                "no process serves table `{}`: importing into a new table, written to {}",
-                cfg.name,
-                out.display()
-            );
-            (t, Some(out.clone()))
+            match &args.checkpoint {
+                Some(out) => println!(
+                    "no process serves table `{}`: importing into a new table, written to {}",
+                    cfg.name,
+                    out.display()
+                ),
+                None => println!(
+                    "no process serves table `{}`: importing into a new table, kept nowhere (--no-checkpoint)",
+                    cfg.name
+                ),
+            }
+            (t, args.checkpoint.clone())
         }
     };
     let mut progress = Progress::new(!args.table.quiet);
@@ -236,14 +259,22 @@ fn run_import(args: &ImportArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses an output path that exists and is not a regular file (a device
+/// such as `/dev/null`, a directory, a FIFO, a socket, a symbolic link),
+/// before any work; the library checks again when it writes.
+fn check_target(path: &Path, flag: &str) -> Result<(), String> {
+    gear_api::table::checkpoint::files::check_replaceable(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+}
+
 fn run_export(args: &ExportArgs) -> Result<(), String> {
+    check_target(&args.hdf5, "--hdf5")?;
     let options = ExportOptions {
         layout: args.layout.parse::<Layout>().map_err(|e| e.to_string())?,
         rename: pairs(&args.rename, "COLUMN=DATASET")?,
         deflate: args.deflate,
         ..ExportOptions::default()
     };
-    let table = match (&args.table.checkpoint, &args.table.config) {
+    let table = match (&args.checkpoint, &args.table.config) {
         (Some(ckpt), Some(config)) => {
             let cfg = TableConfig::load(config).map_err(|e| e.to_string())?;
             cfg.builder().and_then(|b| b.pool(PoolConfig::Host).restore(ckpt)).map_err(|e| e.to_string())?

@@ -1,29 +1,36 @@
 //! The `gear` command: `gear demo` runs the main job on the CPU default;
 //! `gear bench` measures insert and sample throughput against memcpy;
 //! `gear serve` creates a shared table from a config file and keeps it;
-//! `gear cluster-info` asks every shard of a cluster file its counters.
+//! `gear cluster up --local N` starts a cluster on this machine and `gear
+//! cluster-info` asks every shard of a cluster file its counters; `gear
+//! inspect` and `gear sample` look inside a table; `gear config example`
+//! prints a config that runs as it is.
 
 mod bench;
 mod children;
 mod cluster_bench;
 mod cluster_config;
+mod cluster_demo;
+mod cluster_local;
 mod config;
 mod demo;
 mod device_bench;
+mod examples;
 mod import;
+mod inspect;
 mod persist;
 mod progress;
+mod serve;
+mod signals;
 
 use crate::bench::{run_bench, run_bench_processes, BenchConfig};
-use crate::config::{ServeConfig, TableConfig};
 use crate::demo::{run_demo, DemoConfig};
 use crate::progress::Progress;
 use clap::{Parser, Subcommand};
 use gear_api::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(name = "gear", version, about = "GEAR-rs: GPU-centric experience replay for large sequence models")]
@@ -56,6 +63,10 @@ enum Command {
         /// Steps per sampled window.
         #[arg(long, default_value_t = 32)]
         window: u64,
+        /// Instead: actor threads write through the cluster client into the
+        /// shards of this cluster file, a trainer samples across them.
+        #[arg(long, conflicts_with_all = ["threads", "capacity", "window"])]
+        cluster: Option<PathBuf>,
     },
     /// Insert and sample throughput, with a memcpy of the same bytes as the
     /// reference.
@@ -79,8 +90,8 @@ enum Command {
         /// --checkpoint-dir.
         #[arg(long)]
         checkpoint: bool,
-        /// Directory for --checkpoint's files (default: the system's
-        /// temporary directory).
+        /// Directory for --checkpoint's files, which must exist (default:
+        /// the system's temporary directory); the files are removed after.
         #[arg(long)]
         checkpoint_dir: Option<PathBuf>,
         /// Rounds of --checkpoint (medians are reported).
@@ -100,25 +111,38 @@ enum Command {
     },
     /// Creates the shared tables a TOML config describes (one, or several
     /// under `[[tables]]`) and serves them until interrupted: reclaims dead
-    /// writers' slots and prints their counters; answers remote clients
-    /// with `[grpc]`, Prometheus scrapes with `[metrics]`.
+    /// writers' slots and prints their counters and who waits on what;
+    /// answers remote clients with `[grpc]`, Prometheus scrapes with
+    /// `[metrics]`.
     Serve {
-        /// The config (see `gear-cli/src/config.rs` and docs/CONFIG.md).
+        /// The config (docs/CONFIG.md; `gear config example serve` prints
+        /// one, `gear config example tables` one with several tables).
         #[arg(long)]
         config: PathBuf,
+        /// Check the config and print the memory the table needs, without
+        /// creating it.
+        #[arg(long)]
+        dry_run: bool,
         /// Stop after this many seconds (default: until SIGINT/SIGTERM).
         #[arg(long, value_parser = seconds_arg)]
         seconds: Option<f64>,
+        /// No status line every second.
+        #[arg(long)]
+        quiet: bool,
         #[command(flatten)]
-        persistence: ServePersistence,
+        persistence: serve::ServePersistence,
     },
-    /// Reads a cluster file (shard addresses, token, TLS; see
-    /// `gear-cli/src/cluster_config.rs`) and prints every shard's tables
-    /// and their counters (only the file's `table` if it names one).
+    /// Reads a cluster file (shard addresses, token, TLS; docs/CONFIG.md)
+    /// and prints every shard's tables and their counters (only the file's
+    /// `table` if it names one).
     ClusterInfo {
         /// The cluster file.
         #[arg(long)]
         cluster: PathBuf,
+        /// Seconds to wait for shards that are not listening yet (still
+        /// creating their tables).
+        #[arg(long, default_value_t = 10.0, value_parser = seconds_or_zero)]
+        wait: f64,
         /// Print the figures live: every second, per shard and table, with
         /// rates (inserts, rows sampled, MB in and out) since the last
         /// refresh and the rate-limiter and lock waits.
@@ -132,6 +156,25 @@ enum Command {
         #[arg(long, requires = "watch")]
         count: Option<u64>,
     },
+    /// A cluster on this machine: `gear cluster up --local 3 --config
+    /// shard.toml`.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Configs: `gear config example [serve|tables|cluster]` prints a
+    /// commented one that runs as it is.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// A shared table's spec, fill, rate limiter and waiting writers and
+    /// samplers (`--cluster FILE`: every shard's); no name: the tables in
+    /// /dev/shm.
+    Inspect(inspect::Target),
+    /// Draws a few rows from a shared table (or a cluster) and prints their
+    /// values.
+    Sample(inspect::SampleArgs),
     /// Imports an HDF5 dataset (D4RL or Minari layout) into the table a
     /// config names: the served one, or a new one written to --checkpoint.
     Import(import::ImportArgs),
@@ -235,6 +278,25 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Starts N shard servers on this machine from one table config, writes
+    /// the cluster file and prints it with the token; Ctrl-C stops them all.
+    Up(cluster_local::ClusterUpArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Prints a commented config that runs as it is: `serve` (a table for
+    /// `gear serve --config`), `tables` (a server of several tables, with
+    /// metrics) or `cluster` (a cluster file).
+    Example {
+        /// `serve`, `tables` or `cluster`.
+        #[arg(default_value = "serve", value_parser = ["serve", "tables", "cluster"])]
+        kind: String,
+    },
+}
+
 /// Longest run any `--seconds` flag accepts (about 31 years): anything
 /// longer is a typo, and `Duration` cannot hold much more.
 const MAX_SECONDS: f64 = 1e9;
@@ -248,6 +310,14 @@ fn seconds_arg(text: &str) -> std::result::Result<f64, String> {
     Ok(s)
 }
 
+/// Parses a number of seconds that may be 0 (`--wait 0`: do not wait).
+fn seconds_or_zero(text: &str) -> std::result::Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(0.0) => Ok(0.0),
+        _ => seconds_arg(text),
+    }
+}
+
 fn positive_seconds(seconds: f64) -> std::result::Result<Duration, ExitCode> {
     Duration::try_from_secs_f64(seconds).map_err(|_| {
         eprintln!("error: --seconds must be a positive number, got {seconds}");
@@ -255,18 +325,63 @@ fn positive_seconds(seconds: f64) -> std::result::Result<Duration, ExitCode> {
     })
 }
 
+/// Prints what the libraries log on stderr: warnings and errors, unless
+/// `GEAR_LOG` asks for more (`GEAR_LOG=info`, `GEAR_LOG=gear_net=debug`;
+/// tracing-subscriber's filter syntax).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GEAR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
+    // Graceful: the command stops in order at the first SIGINT/SIGTERM
+    // (closing its table, printing its summary); immediate: it cleans up
+    // and exits at once. See signals.rs.
+    let mode = match &cli.command {
+        Command::Bench { .. } => Some(signals::Mode::Immediate),
+        Command::Demo { .. } | Command::Serve { dry_run: false, .. } | Command::Cluster { .. } => {
+            Some(signals::Mode::Graceful)
+        }
+        Command::DemoActor { .. }
+        | Command::DemoTrainer { .. }
+        | Command::BenchWriter { .. }
+        | Command::BenchSampler { .. } => {
+            signals::as_child();
+            None
+        }
+        _ => None,
+    };
+    if let Some(mode) = mode {
+        signals::install(mode);
+    }
     let result = match cli.command {
-        Command::Demo { actors, threads, seconds, capacity, batch, window } => {
+        Command::Demo { actors, threads, seconds, capacity, batch, window, cluster } => {
             let duration = match positive_seconds(seconds) {
                 Ok(d) => d,
                 Err(code) => return code,
             };
+            if let Some(file) = cluster {
+                return finish(cluster_demo::run(&file, duration, actors.max(1), batch as u64));
+            }
             let config = DemoConfig { actors, threads, duration, capacity, batch, window, ..DemoConfig::default() };
-            run_demo(&config, &mut Progress::new(true)).map(|s| {
+            let mut progress = Progress::new(true);
+            let summary = run_demo(&config, &mut progress);
+            // The summary starts on a line of its own, after the last
+            // progress line (redrawn in place on a terminal) and any ^C.
+            progress.end_line();
+            summary.map(|s| {
                 let who = |pid: u32| if pid == 0 { "thread".to_owned() } else { format!("pid {pid}") };
-                println!("gear demo summary ({:.1} s)", s.seconds);
+                let interrupted = if s.interrupted { ", stopped by a signal" } else { "" };
+                println!("gear demo summary ({:.1} s{interrupted})", s.seconds);
                 for a in &s.actors {
                     println!(
                         "  actor   {:>10}: {:>6} episodes  {:>6.2} GB/s",
@@ -332,6 +447,14 @@ fn main() -> ExitCode {
         Command::Bench { config, writers, json, backend, checkpoint, checkpoint_dir, rounds, .. } => {
             if checkpoint {
                 let dir = checkpoint_dir.unwrap_or_else(std::env::temp_dir);
+                if !dir.is_dir() {
+                    eprintln!(
+                        "error: --checkpoint-dir {}: no such directory (create it first; the bench creates nothing \
+                         it would leave behind)",
+                        dir.display()
+                    );
+                    return ExitCode::from(2);
+                }
                 return finish(persist::run_checkpoint_bench(&config, &dir, rounds).map(|r| {
                     if json {
                         println!("{}", serde_json::to_string(&r).expect("report serialises"));
@@ -388,15 +511,26 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Serve { config, seconds, persistence } => serve(&config, seconds, &persistence),
-        Command::ClusterInfo { cluster, watch, interval, count } => {
+        Command::Serve { config, dry_run: true, .. } => serve::dry_run(&config),
+        Command::Serve { config, seconds, quiet, persistence, .. } => {
+            serve::serve(&config, &serve::ServeOptions { seconds, quiet }, &persistence)
+        }
+        Command::ClusterInfo { cluster, wait, watch, interval, count } => {
             let interval = match positive_seconds(interval) {
                 Ok(d) => d,
                 Err(code) => return code,
             };
-            let options = crate::cluster_config::InfoOptions { watch, interval, count };
+            let wait = Duration::from_secs_f64(wait);
+            let options = crate::cluster_config::InfoOptions { wait, watch, interval, count };
             crate::cluster_config::cluster_info(&cluster, options)
         }
+        Command::Cluster { command: ClusterCommand::Up(args) } => cluster_local::cluster_up(&args),
+        Command::Config { command: ConfigCommand::Example { kind } } => {
+            print!("{}", examples::by_kind(&kind));
+            Ok(())
+        }
+        Command::Inspect(target) => inspect::inspect(&target),
+        Command::Sample(args) => inspect::sample(&args),
         Command::Import(args) => return import::import(&args),
         Command::Export(args) => return import::export(&args),
         Command::DeviceSoak { backend, config, json } => return device_soak(&backend, &config, json),
@@ -520,165 +654,17 @@ fn train_bench(backend: &str, config: &device_bench::TrainConfig, json: bool) ->
 fn finish(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A network or backend error says what it is; "backend: " in front
+        // would only be noise on a command line.
+        Err(gear_api::Error::Backend(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// `gear serve`'s restore and checkpoint flags.
-#[derive(clap::Args, Debug)]
-struct ServePersistence {
-    /// Start from this checkpoint (a file, or a directory whose newest
-    /// checkpoint is read). With `[[tables]]`: a directory holding each
-    /// table's under its name, as --checkpoint-dir writes them.
-    #[arg(long)]
-    restore: Option<PathBuf>,
-    /// Write numbered checkpoints here: every --checkpoint-every seconds, on
-    /// SIGUSR1 and at shutdown. With `[[tables]]`: into a subdirectory per
-    /// table name.
-    #[arg(long)]
-    checkpoint_dir: Option<PathBuf>,
-    /// Seconds between checkpoints (needs --checkpoint-dir).
-    #[arg(long, value_parser = seconds_arg, requires = "checkpoint_dir")]
-    checkpoint_every: Option<f64>,
-    /// Checkpoints kept in --checkpoint-dir (the oldest are removed).
-    #[arg(long, default_value_t = 3)]
-    keep: usize,
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Where table `cfg` of `config` is restored from: the `--restore` path of
-/// a one-table config, `DIR/<name>` of a `[[tables]]` one.
-fn restore_path(config: &ServeConfig, cfg: &TableConfig, restore: &std::path::Path) -> Result<PathBuf> {
-    if !config.several {
-        return Ok(restore.to_owned());
-    }
-    let path = restore.join(&cfg.name);
-    if !path.exists() {
-        return Err(gear_api::Error::Config(format!(
-            "--restore {}: no checkpoint of table `{}` ({} does not exist); a config with [[tables]] restores \
-             each table from the subdirectory (or file) of its name, as --checkpoint-dir writes them",
-            restore.display(),
-            cfg.name,
-            path.display()
-        )));
-    }
-    Ok(path)
-}
-
-fn serve(config: &std::path::Path, seconds: Option<f64>, persistence: &ServePersistence) -> Result<()> {
-    let cfg = ServeConfig::load(config)?;
-    let mut tables = Vec::with_capacity(cfg.tables.len());
-    for t in &cfg.tables {
-        let table = match &persistence.restore {
-            Some(restore) => {
-                let path = restore_path(&cfg, t, restore)?;
-                let table = t.builder()?.restore(&path)?;
-                println!("table `{}`: restored {} trajectories from {}", t.name, table.info()?.size, path.display());
-                table
-            }
-            None => t.builder()?.build()?,
-        };
-        tables.push(table);
-    }
-    let mut schedule = persistence.checkpoint_dir.as_ref().map(|dir| {
-        let every = persistence.checkpoint_every.and_then(|s| Duration::try_from_secs_f64(s).ok());
-        // A [[tables]] config: a subdirectory per table.
-        let dirs = cfg.tables.iter().map(|t| if cfg.several { dir.join(&t.name) } else { dir.clone() }).collect();
-        persist::CheckpointSchedule::new(dirs, every, persistence.keep)
-    });
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is
-        // async-signal-safe; the function pointer has the C ABI signal()
-        // expects.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
-    let net = |e: gear_net::Error| gear_api::Error::Backend(Box::new(e));
-    let named = cfg
-        .tables
-        .iter()
-        .zip(&tables)
-        .map(|(t, table)| {
-            let (kind, params) = t.strategy()?;
-            Ok(gear_net::NamedTable::new(t.name.clone(), table.clone(), gear_net::StrategyInfo { kind, params }))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let served = gear_net::ServedTables::new(named).map_err(net)?;
-    let metrics = match &cfg.metrics {
-        Some(m) => {
-            let server = gear_net::MetricsServer::start(m, served.clone()).map_err(net)?;
-            println!("metrics on http://{}/metrics", server.local_addr());
-            Some(server)
-        }
-        None => None,
-    };
-    let grpc = match &cfg.grpc {
-        Some(g) => {
-            let handle = gear_net::ServerHandle::serve(served.clone(), g).map_err(net)?;
-            println!("grpc listening on {} (shard {})", handle.local_addr(), g.shard);
-            Some(handle)
-        }
-        None => None,
-    };
-    for (t, table) in cfg.tables.iter().zip(&tables) {
-        let spec = table.spec();
-        let shm = if t.shm() == t.name { String::new() } else { format!(", shared memory `{}`", t.shm()) };
-        println!(
-            "serving table `{}` ({} columns, T={}, capacity {}, {:.1} MB{shm}); stop with Ctrl-C",
-            t.name,
-            spec.columns().len(),
-            spec.max_len(),
-            spec.capacity(),
-            spec.data_bytes() as f64 / 1e6
-        );
-    }
-    let start = Instant::now();
-    let until = seconds.and_then(|s| Duration::try_from_secs_f64(s).ok());
-    let mut last = Instant::now();
-    while !STOP.load(Ordering::Relaxed) && until.is_none_or(|u| start.elapsed() < u) {
-        std::thread::sleep(Duration::from_millis(100));
-        if let Some(s) = schedule.as_mut() {
-            s.tick(&tables)?;
-        }
-        if last.elapsed() >= Duration::from_secs(1) {
-            last = Instant::now();
-            for (t, table) in cfg.tables.iter().zip(&tables) {
-                let reclaimed = table.reclaim_dead()?;
-                let i = table.info()?;
-                let name = if cfg.several { format!(" {}:", t.name) } else { String::new() };
-                eprintln!(
-                    "[{:6.1}s]{name} size {}/{} inserts {} samples {} evicted {} reclaimed {}{}",
-                    start.elapsed().as_secs_f64(),
-                    i.size,
-                    i.capacity,
-                    i.inserts,
-                    i.samples,
-                    i.evictions,
-                    i.reclaimed,
-                    if reclaimed > 0 { format!(" (+{reclaimed})") } else { String::new() }
-                );
-            }
-        }
-    }
-    drop(metrics);
-    if let Some(handle) = grpc {
-        handle.stop().map_err(net)?;
-    }
-    if let Some(s) = schedule.as_mut() {
-        s.finish(&tables)?;
-    }
-    for (t, table) in cfg.tables.iter().zip(&tables) {
-        table.close();
-        println!("table `{}` closed", t.name);
-    }
-    Ok(())
 }
 
 #[cfg(feature = "cuda")]

@@ -1,6 +1,7 @@
 //! Progress lines for long-running commands: a phase name, a count and a
 //! rate, redrawn in place on a terminal and printed a few times otherwise.
 
+use std::cell::Cell;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,8 @@ pub struct Progress {
     total: u64,
     started: Instant,
     last: Instant,
+    /// A line drawn in place on the terminal and not yet ended.
+    open_line: Cell<bool>,
 }
 
 impl Progress {
@@ -26,6 +29,7 @@ impl Progress {
             total: 0,
             started: now,
             last: now,
+            open_line: Cell::new(false),
         }
     }
 
@@ -60,10 +64,19 @@ impl Progress {
         let mut err = std::io::stderr().lock();
         if self.tty {
             let _ = write!(err, "\r\x1b[2K{text}");
+            self.open_line.set(true);
         } else {
             let _ = writeln!(err, "{text}");
         }
         let _ = err.flush();
+    }
+
+    /// Ends a line drawn in place, so that what is printed next (a summary
+    /// on stdout, an error) starts on a line of its own.
+    pub fn end_line(&self) {
+        if self.open_line.replace(false) {
+            let _ = writeln!(std::io::stderr());
+        }
     }
 
     /// Ends the phase with its duration.
@@ -73,6 +86,7 @@ impl Progress {
         }
         let text = format!("{}: {} in {:.2?}", self.phase, self.total, self.started.elapsed());
         let mut err = std::io::stderr().lock();
+        self.open_line.set(false);
         if self.tty {
             let _ = writeln!(err, "\r\x1b[2K{text}");
         } else {

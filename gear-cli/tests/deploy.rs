@@ -43,6 +43,14 @@ fn the_three_shard_example_parses() {
 }
 
 #[test]
+fn the_local_cluster_example_parses_and_is_small() {
+    let c = shard_config("local/shard.toml");
+    assert!(c.grpc.is_some(), "a [grpc] section (gear cluster up sets listen and shard)");
+    let bytes = c.builder().unwrap().check().unwrap();
+    assert!(bytes < 64 << 20, "three local shards fit any /dev/shm: {bytes} bytes each");
+}
+
+#[test]
 fn the_multi_table_example_parses() {
     let c = ServeConfig::load(&deploy("multi-table/shard.toml")).unwrap();
     assert!(c.several);
@@ -111,7 +119,7 @@ fn cluster_info_names_shards_that_do_not_answer() {
     std::fs::write(&file, "shards = [\"127.0.0.1:1\"]\ntoken = \"0123456789abcdef0\"\nconnect_timeout_ms = 500\n")
         .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gear"))
-        .args(["cluster-info", "--cluster"])
+        .args(["cluster-info", "--wait", "0", "--cluster"])
         .arg(&file)
         .output()
         .unwrap();
@@ -173,4 +181,75 @@ fn cluster_files_carry_rdma_settings_and_refuse_absurd_ones() {
     assert!(e("device = \"\"").contains("rdma.device is empty"), "{}", e("device = \"\""));
     assert!(e("gid_index = 300").contains("gid_index"), "{}", e("gid_index = 300"));
     assert!(e("service_level = 16").contains("rdma.service_level is 16"), "{}", e("service_level = 16"));
+}
+
+/// The keys serde expects where `text` has the unknown key `zzz_unknown`
+/// (its "unknown field ..., expected one of ..." error lists them).
+fn expected_keys(text: &str, parse: impl Fn(&str) -> Result<(), String>) -> Vec<String> {
+    let e = parse(text).expect_err("an unknown key is refused");
+    let list = e.split("expected").nth(1).unwrap_or_else(|| panic!("no list of keys in: {e}"));
+    list.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+#[test]
+fn docs_config_md_documents_every_key() {
+    let doc = std::fs::read_to_string(deploy("../docs/CONFIG.md")).unwrap();
+    let table = "name = \"t\"\nmax_len = 4\ncapacity = 8\n[[columns]]\nname = \"x\"\ndtype = \"f32\"\n";
+    let serve = |t: &str| ServeConfig::parse(t).map(drop).map_err(|e| e.to_string());
+    let cluster = |t: &str| ClusterFile::parse(t).map(drop).map_err(|e| e.to_string());
+    let u = "zzz_unknown = 1\n";
+    let grpc = "[grpc]\nlisten = \"127.0.0.1:0\"\nshard = 0\n";
+    let sections = [
+        ("top level", format!("{u}{table}"), true),
+        ("[[columns]]", format!("{table}{u}"), true),
+        ("[sampler]", format!("{table}[sampler]\nkind = \"uniform\"\n{u}"), true),
+        ("[remover]", format!("{table}[remover]\nkind = \"fifo\"\n{u}"), true),
+        ("[rate_limiter]", format!("{table}[rate_limiter]\n{u}"), true),
+        ("[grpc]", format!("{table}{grpc}{u}"), true),
+        ("[grpc.rdma]", format!("{table}{grpc}[grpc.rdma]\n{u}"), true),
+        ("[metrics]", format!("{table}[metrics]\nlisten = \"127.0.0.1:0\"\n{u}"), true),
+        ("[[tables]] file", format!("{u}[[tables]]\n{}", table.replace("[[columns]]", "[[tables.columns]]")), true),
+        ("cluster file", format!("{u}shards = []\n"), false),
+        ("[tls]", format!("shards = []\n[tls]\nca = \"ca.pem\"\n{u}"), false),
+        ("[rdma]", format!("shards = []\n[rdma]\n{u}"), false),
+    ];
+    let mut missing = Vec::new();
+    for (section, text, is_serve) in &sections {
+        let keys = if *is_serve { expected_keys(text, serve) } else { expected_keys(text, cluster) };
+        assert!(!keys.is_empty(), "{section}: no keys found");
+        for key in keys {
+            // A key, or a section: `key`, [key] or [[key]].
+            if !doc.contains(&format!("`{key}`")) && !doc.contains(&format!("[{key}]")) {
+                missing.push(format!("{section}: `{key}`"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/CONFIG.md does not document: {missing:?}");
+}
+
+#[test]
+fn every_readme_toml_block_parses_with_the_real_parsers() {
+    let readme = std::fs::read_to_string(deploy("../README.md")).unwrap();
+    let blocks: Vec<&str> = readme.split("```toml\n").skip(1).map(|b| b.split("```").next().unwrap()).collect();
+    assert!(blocks.len() >= 4, "{} toml blocks", blocks.len());
+    // A fragment ([grpc], [grpc.rdma]) goes into the smallest table config.
+    let table = "name = \"t\"\nmax_len = 4\ncapacity = 8\n[[columns]]\nname = \"x\"\ndtype = \"f32\"\n";
+    for block in blocks {
+        if block.contains("shards = ") {
+            ClusterFile::parse(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+            continue;
+        }
+        let whole = block.contains("[[tables]]") || block.contains("name = ");
+        let text = if whole {
+            block.to_owned()
+        } else if block.starts_with("[grpc.rdma]") {
+            format!("{table}[grpc]\nlisten = \"127.0.0.1:0\"\nshard = 0\n{block}")
+        } else {
+            format!("{table}{block}")
+        };
+        let c = ServeConfig::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for t in &c.tables {
+            t.builder().unwrap_or_else(|e| panic!("table `{}`: {e}\n{block}", t.name));
+        }
+    }
 }

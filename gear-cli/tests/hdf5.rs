@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+#[path = "../../gear-api/tests/common/not_regular.rs"]
+mod not_regular;
+use not_regular::null_device;
+
 fn gear(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_gear")).args(args).output().unwrap();
     let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
@@ -183,4 +187,47 @@ fn absurd_arguments_are_clear_errors() {
     }
     // Nothing was written by the refused imports.
     assert!(!ck.exists());
+}
+
+/// `--checkpoint /dev/null` (a new user's way to say "don't keep it") and
+/// other targets that are not regular files are refused before the
+/// import; `--no-checkpoint` is the way to keep nothing. `gear export`
+/// refuses such `--hdf5` targets too.
+#[test]
+fn outputs_that_are_not_regular_files_are_refused_before_any_work() {
+    use std::os::unix::fs::FileTypeExt;
+    let d = dir("targets");
+    let (src, cfg) = (d.0.join("d4rl.hdf5"), config(&d.0, "f32"));
+    d4rl(&src);
+    let (s, c) = (src.to_str().unwrap(), cfg.to_str().unwrap());
+    let fifo = d.0.join("a-fifo");
+    let cf = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `cf` is a valid NUL-terminated path for the call.
+    assert_eq!(unsafe { libc::mkfifo(cf.as_ptr(), 0o600) }, 0);
+    let subdir = d.0.join("a-directory");
+    std::fs::create_dir(&subdir).unwrap();
+    let mut targets = vec![(fifo.clone(), "is a FIFO"), (subdir.clone(), "is a directory")];
+    if let Some(null) = null_device(&d.0) {
+        targets.push((null, "is a character device, not a regular file"));
+    }
+    for (target, word) in &targets {
+        let t = target.to_str().unwrap();
+        let (code, out, err) = gear(&["import", "--hdf5", s, "--config", c, "--checkpoint", t]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(word) && err.contains("--checkpoint"), "{err}");
+        assert!(!out.contains("imported"), "refused before the import: {out}");
+        let (code, _, err) = gear(&["export", "--hdf5", t, "--config", c, "--checkpoint", "/nonexistent.ckpt"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(word) && err.contains("--hdf5"), "{err}");
+    }
+    for (target, _) in &targets {
+        let kind = std::fs::symlink_metadata(target).unwrap().file_type();
+        assert!(kind.is_fifo() || kind.is_dir() || kind.is_char_device(), "{} was replaced", target.display());
+    }
+    // Keeping nothing, said plainly.
+    let (code, out, err) = gear(&["import", "--hdf5", s, "--config", c, "--no-checkpoint"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("kept nowhere") && out.contains("5 episodes -> 5 trajectories"), "{out}");
+    let (code, _, err) = gear(&["import", "--hdf5", s, "--config", c, "--no-checkpoint", "--checkpoint", "x.ckpt"]);
+    assert_eq!(code, 2, "{err}");
 }

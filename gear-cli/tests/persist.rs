@@ -165,3 +165,28 @@ fn bench_checkpoint_prints_both_ratios() {
     }
     assert_eq!(v["trajectories"], 16);
 }
+
+#[test]
+fn serve_removes_temporary_files_of_dead_writers_at_startup() {
+    let dir = temp_dir("stale");
+    let ckpts = dir.join("ckpts");
+    std::fs::create_dir_all(&ckpts).unwrap();
+    // What `gear serve` processes killed mid-checkpoint leave behind, and
+    // files that are not theirs.
+    for name in ["checkpoint-0000000001.gear.tmp.4242.0", "checkpoint-0000000002.gear.tmp.77"] {
+        std::fs::write(ckpts.join(name), b"partial").unwrap();
+    }
+    std::fs::write(ckpts.join("notes.txt.tmp.1.0"), b"keep").unwrap();
+    let cfg = config(&dir, "gear-cli-ckpt-d");
+    let out = Command::new(env!("CARGO_BIN_EXE_gear"))
+        .args(["serve", "--config", cfg.to_str().unwrap(), "--checkpoint-dir", ckpts.to_str().unwrap()])
+        .args(["--seconds", "0.3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("removed 2 temporary files"), "{err}");
+    // The checkpoint at shutdown, and the file that was not a writer's.
+    assert_eq!(checkpoints_in(&ckpts), ["checkpoint-0000000001.gear", "notes.txt.tmp.1.0"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -70,9 +70,30 @@ impl DType {
         }
     }
 
-    /// Parses a name as printed by [`DType::name`].
+    /// NumPy's name of the dtype (`float32`, `uint8`; `bfloat16` as
+    /// `ml_dtypes` names it), which configs and Python accept as well.
+    pub const fn long_name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::U8 => "uint8",
+            DType::I8 => "int8",
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+        }
+    }
+
+    /// Parses a name as printed by [`DType::name`] (`f32`) or NumPy's
+    /// name of it, [`DType::long_name`] (`float32`).
     pub fn from_name(name: &str) -> Result<Self> {
-        DType::ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| Error::UnknownDType(name.to_owned()))
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == name || d.long_name() == name)
+            .ok_or_else(|| Error::UnknownDType(name.to_owned()))
     }
 
     /// The stable one-byte code stored in region headers.
@@ -160,7 +181,9 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_code(d.code()).unwrap(), d);
             assert_eq!(DType::from_name(d.name()).unwrap(), d);
+            assert_eq!(DType::from_name(d.long_name()).unwrap(), d, "NumPy's name is accepted too");
         }
+        assert_eq!(DType::from_name("float32").unwrap(), DType::F32);
         assert!(DType::from_code(10).is_err());
         assert!(matches!(DType::from_name("f8"), Err(Error::UnknownDType(n)) if n == "f8"));
     }

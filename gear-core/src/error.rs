@@ -15,7 +15,10 @@ pub enum Error {
     #[error("size overflow: {0} does not fit in 64 bits")]
     SizeOverflow(String),
     /// A dtype name that is not one of ours.
-    #[error("unknown dtype `{0}` (expected one of bool, u8, i8, i16, i32, i64, f16, bf16, f32, f64)")]
+    #[error(
+        "unknown dtype `{0}` (expected one of bool, u8, i8, i16, i32, i64, f16, bf16, f32, f64, or NumPy's names: \
+         uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)"
+    )]
     UnknownDType(String),
     /// A column name that the table does not have.
     #[error("unknown column `{0}`")]

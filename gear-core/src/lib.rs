@@ -43,7 +43,10 @@ pub mod transport;
 pub mod window;
 
 pub use collect::{BatchLayout, Collector, GatherRow};
-pub use control::{log_entries, target, Change, ControlBlock, LogEntry, LogOp, MAX_LEASES, MIN_LOG_ENTRIES};
+pub use control::{
+    log_entries, target, Change, ControlBlock, ListedWait, LogEntry, LogOp, WaitEntry, WaitReason, WaitRole,
+    MAX_LEASES, MAX_WAITS, MIN_LOG_ENTRIES,
+};
 pub use device::{Access, Device, DeviceApi, DeviceBuffer, Indirect, KernelArg, Launch};
 pub use dtype::{as_bytes, from_bytes, DType, Element};
 pub use error::{Error, Result};

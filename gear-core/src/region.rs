@@ -23,7 +23,7 @@ use std::ptr::NonNull;
 /// First eight bytes of every table region.
 pub const MAGIC: [u8; 8] = *b"GEARTBL\0";
 /// Region format version; bumped on any layout change.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Bytes of the fixed header before the encoded spec.
 pub const FIXED_HEADER_BYTES: u64 = 64;
 /// Alignment of the data area (a page, so windows start page-aligned

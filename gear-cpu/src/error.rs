@@ -36,7 +36,10 @@ pub enum Error {
         reason: &'static str,
     },
     /// `create` on a name that already exists.
-    #[error("shared memory `{name}` already exists in {} (attach with open, or unlink it first)", .dir.display())]
+    #[error(
+        "shared memory `{name}` already exists in {} (open it with ShmPool::open, or remove it with ShmPool::unlink)",
+        .dir.display()
+    )]
     Exists {
         /// The name.
         name: String,

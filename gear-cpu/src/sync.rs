@@ -24,9 +24,13 @@
 //! * [`futex_wait`]/[`futex_wake_all`] block on and wake a 32-bit word in
 //!   shared memory (Linux futexes keyed by the physical page, so they work
 //!   across processes that map the same file).
+//! * [`WaitListing`] lists a wait in the control block while it lasts, so
+//!   every process can see who waits on what; a lock wait that lasts more
+//!   than [`LOCK_WAIT_LISTED_AFTER`] is listed, and one that lasts more than
+//!   [`wait_warning_after`] is logged (`tracing`, at warn level).
 
 use crate::error::{Error, Result};
-use gear_core::{ControlBlock, MAX_LEASES};
+use gear_core::{ControlBlock, WaitReason, WaitRole, MAX_LEASES};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -172,6 +176,100 @@ fn ofd_lock(file: &File, index: usize, op: LockOp) -> Result<bool> {
     })
 }
 
+/// A lock wait longer than this is listed in the control block's waits
+/// (shorter ones are the lock's ordinary traffic, not worth the entry).
+pub const LOCK_WAIT_LISTED_AFTER: Duration = Duration::from_millis(100);
+
+/// Default of [`wait_warning_after`].
+pub const DEFAULT_WAIT_WARNING: Duration = Duration::from_secs(10);
+
+/// How long a writer's or sampler's wait (or a lock wait) lasts before it is
+/// logged as a warning: `GEAR_WAIT_WARNING_SECS` when set (a number of
+/// seconds; `0` or `off` never warns), else [`DEFAULT_WAIT_WARNING`].
+/// Read once per process. `None`: never.
+pub fn wait_warning_after() -> Option<Duration> {
+    static AFTER: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| parse_wait_warning(std::env::var("GEAR_WAIT_WARNING_SECS").ok().as_deref()))
+}
+
+fn parse_wait_warning(value: Option<&str>) -> Option<Duration> {
+    let Some(text) = value.map(str::trim) else { return Some(DEFAULT_WAIT_WARNING) };
+    if text.eq_ignore_ascii_case("off") {
+        return None;
+    }
+    match text.parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+        Some(d) if d.is_zero() => None,
+        Some(d) => Some(d),
+        None => {
+            tracing::warn!(
+                "GEAR_WAIT_WARNING_SECS={text:?} is not a number of seconds; warning after the default {:?}",
+                DEFAULT_WAIT_WARNING
+            );
+            Some(DEFAULT_WAIT_WARNING)
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch: the clock wait listings share
+/// across processes.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A wait listed in a table's control block ([`ControlBlock::waits`]) for
+/// as long as this value lives.
+pub struct WaitListing<'a> {
+    ctl: &'a ControlBlock,
+    token: u32,
+    role: WaitRole,
+    reason: WaitReason,
+    /// `None` when every entry was taken: the wait goes unlisted.
+    entry: Option<usize>,
+}
+
+impl<'a> WaitListing<'a> {
+    /// Lists a wait of `lease`'s process that began `waited` ago.
+    pub fn begin(
+        ctl: &'a ControlBlock,
+        lease: &ProcessLease,
+        role: WaitRole,
+        reason: WaitReason,
+        waited: Duration,
+    ) -> Self {
+        let since = unix_ms().saturating_sub(waited.as_millis() as u64);
+        let entry = ctl.begin_wait(lease.token(), role, reason, since);
+        WaitListing { ctl, token: lease.token(), role, reason, entry }
+    }
+
+    /// What the wait waits for now.
+    pub fn set_reason(&mut self, reason: WaitReason) {
+        if reason != self.reason {
+            self.reason = reason;
+            if let Some(e) = self.entry {
+                self.ctl.set_wait_reason(e, self.token, self.role, reason);
+            }
+        }
+    }
+}
+
+impl Drop for WaitListing<'_> {
+    fn drop(&mut self) {
+        if let Some(e) = self.entry {
+            self.ctl.end_wait(e);
+        }
+    }
+}
+
+impl std::fmt::Debug for WaitListing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitListing")
+            .field("role", &self.role)
+            .field("reason", &self.reason)
+            .field("entry", &self.entry)
+            .finish()
+    }
+}
+
 /// How a lock was obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockState {
@@ -263,6 +361,9 @@ impl TableLock {
         };
         let mut spins = 0;
         let mut next_check = start;
+        // A long wait is listed, then logged (see the module doc).
+        let mut listing: Option<WaitListing<'_>> = None;
+        let mut warn_at = wait_warning_after();
         loop {
             let cur = match word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return Ok(guard(LockState::Clean, contended)),
@@ -281,6 +382,20 @@ impl TableLock {
                 continue;
             }
             let now = Instant::now();
+            let waited = now - start;
+            if listing.is_none() && waited >= LOCK_WAIT_LISTED_AFTER {
+                listing = Some(WaitListing::begin(ctl, lease, WaitRole::Other, WaitReason::TableLock, waited));
+            }
+            if let Some(after) = warn_at.filter(|a| waited >= *a) {
+                tracing::warn!(
+                    "waited {:.1} s for the lock of a shared table, held by {}; is that process stopped \
+                     (SIGSTOP, a debugger) or stuck?",
+                    waited.as_secs_f64(),
+                    ProcessLease::describe(cur, ctl)
+                );
+                // Then again at 4, 16, ... times the threshold.
+                warn_at = Some(after * 4);
+            }
             if now >= next_check {
                 next_check = now + HOLDER_CHECK;
                 if !lease.is_alive(cur, ctl) {
@@ -363,6 +478,16 @@ fn futex_wake(word: &AtomicU32, count: i32) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_wait_warning_threshold_parses() {
+        assert_eq!(parse_wait_warning(None), Some(DEFAULT_WAIT_WARNING));
+        assert_eq!(parse_wait_warning(Some("2.5")), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_wait_warning(Some(" 0 ")), None);
+        assert_eq!(parse_wait_warning(Some("OFF")), None);
+        assert_eq!(parse_wait_warning(Some("soon")), Some(DEFAULT_WAIT_WARNING));
+        assert_eq!(parse_wait_warning(Some("-1")), Some(DEFAULT_WAIT_WARNING));
+    }
+
     fn control() -> Box<ControlBlock> {
         // SAFETY: ControlBlock is atomics only, for which all-zero is valid.
         unsafe { Box::new(std::mem::zeroed()) }
@@ -417,6 +542,38 @@ mod tests {
         assert_eq!(e.holder, lease.token());
         drop(g);
         assert_eq!(other_lock.lock(&ctl, &other, None).unwrap().1, LockState::Clean);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
+    fn a_long_lock_wait_is_listed_while_it_lasts() {
+        let dir = temp_dir("listed");
+        let ctl = control();
+        let holder = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let waiter = ProcessLease::acquire(table_file(&dir), &ctl).unwrap();
+        let (holder_lock, waiter_lock) = (TableLock::new(), TableLock::new());
+        let g = holder_lock.lock(&ctl, &holder, None).unwrap();
+        std::thread::scope(|s| {
+            let w = s.spawn(|| waiter_lock.lock(&ctl, &waiter, None).map(|_| ()).unwrap());
+            let seen = Instant::now();
+            let listed = loop {
+                if let Some(l) = ctl.waits_now().next() {
+                    break l;
+                }
+                assert!(seen.elapsed() < Duration::from_secs(10), "the wait was never listed");
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            assert!(seen.elapsed() >= LOCK_WAIT_LISTED_AFTER / 2, "listed at once: short waits would be listed too");
+            assert_eq!(
+                (listed.token, listed.role, listed.reason),
+                (waiter.token(), WaitRole::Other, WaitReason::TableLock)
+            );
+            assert!(listed.since_ms <= unix_ms());
+            drop(g);
+            w.join().unwrap();
+        });
+        assert_eq!(ctl.waits_now().count(), 0, "the listing ends with the wait");
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -32,13 +32,13 @@ fn to_usize(bytes: u64, what: &str) -> Result<usize> {
 /// Releases memory in a `Drop`: makes `ctx` current directly (not through
 /// `CudaContext::bind_to_thread`, which first returns, and clears, any error
 /// an earlier call recorded on the context, so a release guarded by it would
-/// be skipped), then runs `free` whatever happened. Failures are logged to
-/// stderr, since a drop cannot return them.
+/// be skipped), then runs `free` whatever happened. Failures are logged
+/// (`tracing`, warn level), since a drop cannot return them.
 fn release(ctx: &CudaContext, what: &str, free: impl FnOnce() -> std::result::Result<(), DriverError>) {
     // SAFETY: `ctx` is alive (the caller holds it), so its CUcontext is valid.
     let set = unsafe { ffi::set_current(ctx.cu_ctx()) };
     for failure in release_with(set, free, what) {
-        eprintln!("gear-cuda: {failure}");
+        tracing::warn!("{failure}");
     }
 }
 

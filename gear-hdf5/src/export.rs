@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::source::{d4rl_episodes, Source};
 use crate::types::{hdf5_type, is_set};
 use crate::{DatasetInfo, Element, ExportOptions, ExportReport, FileInfo, Layout};
+use gear_api::table::checkpoint::files::{self, ReplacingFile};
 use gear_api::ReplayTable;
 use gear_core::DType;
 use hdf5_pure::{AttrValue, DatasetBuilder, FileBuilder, GroupBuilder};
@@ -41,6 +42,11 @@ impl Node {
 pub(crate) fn run(table: &ReplayTable, path: &Path, options: &ExportOptions) -> Result<ExportReport> {
     let started = Instant::now();
     let werr = |problem: String| Error::Write { path: path.to_owned(), problem };
+    // Refused before the table is read: a device (`/dev/null`), a
+    // directory, a FIFO, a socket or a symbolic link is never replaced.
+    files::check_replaceable(path).map_err(|e| werr(e.to_string()))?;
+    // Temporary files of earlier exports to this path that died.
+    ReplacingFile::remove_stale_of(path).map_err(|e| werr(e.to_string()))?;
     let spec = table.spec();
     let names: Vec<String> = spec
         .columns()
@@ -111,15 +117,11 @@ pub(crate) fn run(table: &ReplayTable, path: &Path, options: &ExportOptions) -> 
         emit(&mut g, node, options).map_err(werr)?;
         fb.add_group(g.finish());
     }
-    let mut tmp = path.file_name().ok_or_else(|| werr("the path names no file".into()))?.to_owned();
-    tmp.push(format!(".tmp.{}", std::process::id()));
-    let tmp = path.with_file_name(tmp);
-    if let Err(e) =
-        fb.write(&tmp).map_err(|e| e.to_string()).and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()))
-    {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(werr(e));
-    }
+    // Written under a locked temporary name, renamed over the target once
+    // complete (dropped on an error: the temporary file goes with it).
+    let mut out = ReplacingFile::create(path).map_err(|e| werr(e.to_string()))?;
+    fb.finish_to(out.file()).map_err(|e| werr(e.to_string()))?;
+    out.commit().map_err(|e| werr(e.to_string()))?;
     let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     Ok(ExportReport {
         path: path.to_owned(),
@@ -290,11 +292,11 @@ pub(crate) fn describe(path: &Path, layout: Option<Layout>) -> Result<FileInfo> 
         }
         Layout::Minari => {
             let mut lengths = Vec::new();
-            for (i, (_, group)) in source.episodes.iter().enumerate() {
-                let t = source.dataset(Some(group), "actions")?.rows;
+            for i in 0..source.episodes.len() {
+                let t = source.dataset(Some(i), "actions")?.rows;
                 if i == 0 {
-                    for name in source.list(Some(group))? {
-                        let Ok(d) = source.dataset(Some(group), &name) else { continue };
+                    for name in source.list(Some(i))? {
+                        let Ok(d) = source.dataset(Some(i), &name) else { continue };
                         if d.rows == t || d.rows == t + 1 {
                             datasets.push(info(&d, &name));
                         }

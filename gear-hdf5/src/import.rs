@@ -38,8 +38,9 @@ struct Binding {
 
 /// Rows read and inserted together.
 struct Window {
-    /// The Minari episode group; `None` for D4RL.
-    group: Option<String>,
+    /// The Minari episode (an index into the source's episodes); `None`
+    /// for D4RL.
+    episode: Option<usize>,
     start: u64,
     rows: u64,
     /// `(first row, steps)` of each trajectory, inside the window.
@@ -168,6 +169,7 @@ fn plan_d4rl(source: &Source, table: &ReplayTable, options: &ImportOptions) -> R
         Ok(())
     };
     let mut bindings = Vec::new();
+    let mut contiguous = true;
     for (c, col) in table.spec().columns().iter().enumerate() {
         let name = dataset_for(col.name(), options);
         if !all.contains(&name) {
@@ -179,9 +181,10 @@ fn plan_d4rl(source: &Source, table: &ReplayTable, options: &ImportOptions) -> R
         }
         let d = source.dataset(None, &name)?;
         opened_rows(&d)?;
+        contiguous &= d.contiguous.is_some();
         bindings.push(bind(source, table, c, &d, &name, 0)?);
     }
-    let window = options.window_rows(table);
+    let window = options.window_rows(table, contiguous);
     let mut ends = Vec::new();
     for flag in ["terminals", "timeouts"] {
         if all.iter().any(|d| d == flag) {
@@ -204,7 +207,7 @@ fn plan_d4rl(source: &Source, table: &ReplayTable, options: &ImportOptions) -> R
                 w.rows += len;
                 w.trajectories.push((start, len));
             }
-            _ => windows.push(Window { group: None, start, rows: len, trajectories: vec![(start, len)] }),
+            _ => windows.push(Window { episode: None, start, rows: len, trajectories: vec![(start, len)] }),
         }
     }
     let used: Vec<String> =
@@ -237,7 +240,7 @@ fn cut(
         let (start, len) = episodes[i];
         let at = match source.layout {
             Layout::D4rl => format!("rows {start}..{}", start + len),
-            Layout::Minari => format!("group `{}`", source.episodes[i].1),
+            Layout::Minari => format!("group `{}`", source.episodes[i].name),
         };
         return Err(source.mismatch(format!(
             "episode {i} ({at}) has {len} steps, the table's max_len is {t} ({} episodes are longer; allow \
@@ -255,9 +258,10 @@ fn plan_minari(source: &Source, table: &ReplayTable, options: &ImportOptions) ->
     let mut episodes = Vec::with_capacity(source.episodes.len());
     let mut unused = Vec::new();
     let mut dropped = 0;
-    for (_, group) in &source.episodes {
-        let all = source.list(Some(group))?;
-        let actions = source.dataset(Some(group), "actions")?;
+    for (e, episode) in source.episodes.iter().enumerate() {
+        let group = &episode.name;
+        let all = source.list(Some(e))?;
+        let actions = source.dataset(Some(e), "actions")?;
         let t = actions.rows;
         let mut bindings = Vec::new();
         let mut next_used = false;
@@ -277,7 +281,7 @@ fn plan_minari(source: &Source, table: &ReplayTable, options: &ImportOptions) ->
                     col.name()
                 )));
             }
-            let d = source.dataset(Some(group), &dname)?;
+            let d = source.dataset(Some(e), &dname)?;
             // Minari's observations (and some infos) have one row more
             // than the episode has steps: the final observation.
             let fits = if shift == 1 { d.rows == t + 1 } else { d.rows == t || d.rows == t + 1 };
@@ -319,16 +323,11 @@ fn plan_minari(source: &Source, table: &ReplayTable, options: &ImportOptions) ->
     let mut windows: Vec<Window> = Vec::new();
     for (i, start, len) in trajectories.iter().copied() {
         match windows.last_mut() {
-            Some(w) if w.group.as_deref() == Some(source.episodes[i].1.as_str()) => {
+            Some(w) if w.episode == Some(i) => {
                 w.rows += len;
                 w.trajectories.push((start, len));
             }
-            _ => windows.push(Window {
-                group: Some(source.episodes[i].1.clone()),
-                start,
-                rows: len,
-                trajectories: vec![(start, len)],
-            }),
+            _ => windows.push(Window { episode: Some(i), start, rows: len, trajectories: vec![(start, len)] }),
         }
     }
     Ok(Plan {
@@ -361,14 +360,32 @@ fn pass(
         None => t.writer(),
     });
     let mut columns: Vec<Vec<u8>> = vec![Vec::new(); plan.bindings.len()];
+    let mut raw: Vec<u8> = Vec::new();
+    // Each dataset is opened once per episode group (D4RL: once).
+    let mut opened: Vec<Opened> = Vec::new();
+    let mut opened_for: Option<Option<usize>> = None;
     for w in &plan.windows {
-        for (b, out) in plan.bindings.iter().zip(columns.iter_mut()) {
-            let d = source.dataset(w.group.as_deref(), &b.dataset)?;
-            let raw = source.read_rows(&d, w.start + b.shift, w.rows)?;
-            out.clear();
+        if opened_for != Some(w.episode) {
+            opened.clear();
+            for b in &plan.bindings {
+                opened.push(source.dataset(w.episode, &b.dataset)?);
+            }
+            opened_for = Some(w.episode);
+        }
+        for ((b, d), out) in plan.bindings.iter().zip(&opened).zip(columns.iter_mut()) {
+            // The verification reads what reading can find wrong; the rest
+            // was checked when the dataset was opened (it lies inside the
+            // file, and any bytes are values).
+            if table.is_none() && !d.worth_verifying() {
+                continue;
+            }
             match b.conv {
-                Conversion::Copy => *out = raw,
-                Conversion::Widen { from, to } => widen(&raw, from, to, out),
+                Conversion::Copy => source.read_rows_into(d, w.start + b.shift, w.rows, out)?,
+                Conversion::Widen { from, to } => {
+                    source.read_rows_into(d, w.start + b.shift, w.rows, &mut raw)?;
+                    out.clear();
+                    widen(&raw, from, to, out);
+                }
             }
             if out.len() != w.rows as usize * b.step_bytes {
                 return Err(source.ds_err(

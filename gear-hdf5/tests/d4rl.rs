@@ -131,3 +131,57 @@ fn a_spec_from_the_file_and_conversions() {
     let t = f.dataset("terminals").unwrap().read_raw().unwrap();
     assert_eq!(t.iter().filter(|&&b| b == 1).count(), 6);
 }
+
+/// Contiguous datasets (h5py's default) are read straight from the file:
+/// big-endian numbers come out swapped, unsigned integers widened, and a
+/// user block in front of the HDF5 data does not shift the rows.
+#[test]
+fn contiguous_datasets_are_read_directly_swapped_and_widened() {
+    let dir = TempDir::new("d4rl-contiguous");
+    let n = 50u64;
+    let mut be_f32 = hdf5_pure::make_f32_type();
+    if let hdf5_pure::Datatype::FloatingPoint { byte_order, .. } = &mut be_f32 {
+        *byte_order = hdf5_pure::DatatypeByteOrder::BigEndian;
+    }
+    let o: Vec<u8> = (0..n).flat_map(obs).flat_map(f32::to_be_bytes).collect();
+    let a: Vec<u8> = (0..n * 2).flat_map(|i| (i as u16 * 500).to_le_bytes()).collect();
+    let mut timeouts = vec![0u8; n as usize];
+    timeouts[19] = 1;
+    for userblock in [0u64, 512] {
+        let src = dir.join(&format!("contiguous-{userblock}.hdf5"));
+        let mut fb = hdf5_pure::FileBuilder::new();
+        if userblock > 0 {
+            fb.with_userblock(userblock);
+        }
+        fb.create_dataset("observations").with_raw_data(be_f32.clone(), o.clone(), n * 3).with_shape(&[n, 3]);
+        fb.create_dataset("actions").with_raw_data(hdf5_pure::make_u16_type(), a.clone(), n * 2).with_shape(&[n, 2]);
+        fb.create_dataset("terminals").with_raw_data(bool_type(), vec![0u8; n as usize], n);
+        fb.create_dataset("timeouts").with_raw_data(bool_type(), timeouts.clone(), n);
+        fb.write(&src).unwrap();
+        let spec = gear_core::TableSpec::new(
+            vec![
+                gear_core::ColumnSpec::new("observations", gear_core::DType::F32, vec![3]),
+                gear_core::ColumnSpec::new("actions", gear_core::DType::I32, vec![2]),
+                gear_core::ColumnSpec::new("timeouts", gear_core::DType::Bool, vec![]),
+            ],
+            50,
+            4,
+        )
+        .unwrap();
+        let table = ReplayTable::builder(spec).build().unwrap();
+        gear_hdf5::import(&table, &src, &ImportOptions::default()).unwrap();
+        assert_eq!(lengths(&table), [20, 30]);
+        let mut first = 0u64;
+        for t in table.committed_trajectories().unwrap() {
+            let mut got = vec![0u8; 12 * t.len as usize];
+            assert!(table.read_trajectory(t.key, "observations", 0, &mut got).unwrap());
+            let want: Vec<u8> = (first..first + t.len).flat_map(obs).flat_map(f32::to_le_bytes).collect();
+            assert_eq!(got, want, "user block {userblock}");
+            let mut got = vec![0u8; 8 * t.len as usize];
+            assert!(table.read_trajectory(t.key, "actions", 0, &mut got).unwrap());
+            let want: Vec<u8> = (first * 2..(first + t.len) * 2).flat_map(|i| (i as i32 * 500).to_le_bytes()).collect();
+            assert_eq!(got, want, "user block {userblock}");
+            first += t.len;
+        }
+    }
+}

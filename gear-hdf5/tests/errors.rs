@@ -11,6 +11,10 @@ use gear_hdf5::{Error, ImportOptions, Layout};
 use hdf5_pure::FileBuilder;
 use std::path::Path;
 
+#[path = "../../gear-api/tests/common/not_regular.rs"]
+mod not_regular;
+use not_regular::{make_fifo, null_device};
+
 /// A table of `spec` that already holds the test D4RL file (when the
 /// spec fits it), and what it held.
 fn loaded(dir: &TempDir, spec: TableSpec) -> (ReplayTable, Vec<u64>, u64) {
@@ -162,4 +166,93 @@ fn a_bad_value_deep_in_the_file_changes_nothing() {
     fb.write(&bad).unwrap();
     let e = refused(&t, &bad, &ImportOptions::default(), &["dataset `terminals`, row 200", "bools are 0 or 1"]);
     assert!(matches!(e, Error::Row { row: 200, .. }));
+}
+
+/// A contiguous file (h5py's default layout) cut inside its data: the
+/// metadata still reads, the rows are missing. Refused before the first
+/// insert, naming the dataset, even though contiguous numbers are not
+/// read by the verification (their extent is checked against the file).
+#[test]
+fn a_contiguous_file_cut_inside_its_data_changes_nothing() {
+    let dir = TempDir::new("err-cut-contiguous");
+    let t = loaded(&dir, d4rl_spec(50, 100));
+    let n = d4rl_rows();
+    let whole = dir.join("whole.hdf5");
+    let mut fb = FileBuilder::new();
+    fb.create_dataset("observations").with_f32_data(&(0..n).flat_map(obs).collect::<Vec<_>>()).with_shape(&[n, 3]);
+    fb.create_dataset("actions").with_f32_data(&(0..n).flat_map(action).collect::<Vec<_>>()).with_shape(&[n, 2]);
+    fb.create_dataset("rewards").with_f32_data(&(0..n).map(reward).collect::<Vec<_>>());
+    let terminals: Vec<u8> = (0..n).map(|i| u8::from(i % 20 == 19 || i == n - 1)).collect();
+    fb.create_dataset("terminals").with_raw_data(bool_type(), terminals, n);
+    fb.create_dataset("timeouts").with_raw_data(bool_type(), vec![0; n as usize], n);
+    let mut infos = fb.create_group("infos");
+    infos.create_dataset("qpos").with_f64_data(&(0..n).flat_map(qpos).collect::<Vec<_>>()).with_shape(&[n, 2]);
+    fb.add_group(infos.finish());
+    fb.write(&whole).unwrap();
+    let bytes = std::fs::read(&whole).unwrap();
+    let cut = dir.join("cut.hdf5");
+    for drop in [1usize, 7, 100, 1000] {
+        std::fs::write(&cut, &bytes[..bytes.len() - drop]).unwrap();
+        for verify in [true, false] {
+            // Windows of one trajectory: without the extent check, the
+            // first trajectories would go in before the missing rows.
+            let options = ImportOptions { verify, window_bytes: 1, ..ImportOptions::default() };
+            refused(&t, &cut, &options, &["cut.hdf5", "dataset `infos/qpos`: truncated", "cut short"]);
+        }
+    }
+    // The whole file imports.
+    let table = ReplayTable::builder(d4rl_spec(20, 20)).build().unwrap();
+    gear_hdf5::import(&table, &whole, &ImportOptions::default()).unwrap();
+    assert_eq!(lengths(&table).iter().sum::<u64>(), n);
+}
+
+/// Sources that are not regular files are refused before they are read
+/// (a FIFO would block the import, a device feed it without end);
+/// export targets that are not regular files are refused before the
+/// table is read, and left as they were.
+#[test]
+fn sources_and_targets_that_are_not_regular_files() {
+    use gear_hdf5::ExportOptions;
+    use std::os::unix::fs::FileTypeExt;
+    let dir = TempDir::new("err-not-files");
+    let t = loaded(&dir, d4rl_spec(50, 100));
+    let fifo = dir.join("a-fifo");
+    make_fifo(&fifo);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let table = t.0.clone();
+    let source = fifo.clone();
+    std::thread::spawn(move || tx.send(gear_hdf5::import(&table, &source, &ImportOptions::default()).map(|_| ())));
+    let e = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("an import from a FIFO returns").unwrap_err();
+    assert!(e.to_string().contains("is a FIFO"), "{e}");
+    refused(&t, Path::new("/dev/zero"), &ImportOptions::default(), &["is a character device"]);
+    refused(&t, &dir.0, &ImportOptions::default(), &["is a directory"]);
+
+    let export = |path: &Path| gear_hdf5::export(&t.0, path, &ExportOptions::default()).unwrap_err().to_string();
+    if let Some(null) = null_device(&dir.0) {
+        let msg = export(&null);
+        assert!(msg.contains("is a character device, not a regular file"), "{msg}");
+        assert!(std::fs::symlink_metadata(&null).unwrap().file_type().is_char_device());
+    }
+    assert!(export(&dir.0).contains("is a directory"));
+    assert!(export(&fifo).contains("is a FIFO"));
+    let socket = dir.join("a-socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    assert!(export(&socket).contains("is a socket"));
+    let kept = dir.join("kept.hdf5");
+    std::fs::write(&kept, b"not mine").unwrap();
+    let link = dir.join("link.hdf5");
+    std::os::unix::fs::symlink(&kept, &link).unwrap();
+    assert!(export(&link).contains("is a symbolic link"));
+    assert_eq!(std::fs::read(&kept).unwrap(), b"not mine");
+    // A temporary file a dead export to the same path left is removed;
+    // nothing else is left behind.
+    let out = dir.join("out.hdf5");
+    std::fs::write(dir.join("out.hdf5.tmp.4242.0"), b"partial").unwrap();
+    gear_hdf5::export(&t.0, &out, &ExportOptions::default()).unwrap();
+    let left: Vec<String> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -386,7 +386,7 @@ impl ClusterClient {
         let rejoined = s.lost || s.incarnation.is_some_and(|i| i != incarnation);
         if rejoined {
             *self.beta.lock() = None;
-            eprintln!("gear-net: shard {shard} ({}) is back (incarnation {incarnation:#x})", self.config.shards[shard]);
+            tracing::info!("shard {shard} ({}) is back (incarnation {incarnation:#x})", self.config.shards[shard]);
         }
         s.lost = false;
         s.incarnation = Some(incarnation);
@@ -401,7 +401,7 @@ impl ClusterClient {
     fn mark_lost(&self, shard: usize, reason: &str) {
         let mut st = self.state.lock();
         if !st[shard].lost {
-            eprintln!("gear-net: shard {shard} ({}) left out: {reason}", self.config.shards[shard]);
+            tracing::warn!("shard {shard} ({}) left out: {reason}", self.config.shards[shard]);
         }
         st[shard].lost = true;
         st[shard].mass = None;

@@ -2,7 +2,8 @@
 //! over HTTP by [`MetricsServer`] (`gear serve`'s `[metrics]` section).
 //!
 //! Two sources:
-//! * per table, read when scraped: the table's counters
+//! * per table, read when scraped: the table's counters and the writers
+//!   and samplers of every process waiting on it now
 //!   ([`gear_api::TableInfo`]), this process's waits on it
 //!   ([`gear_api::WaitStats`]), and the step bytes its RPCs moved;
 //! * per RPC method and table, recorded as calls end: a latency histogram
@@ -18,7 +19,7 @@ mod endpoint;
 pub use endpoint::{MetricsConfig, MetricsServer};
 
 use crate::server::ServedTables;
-use gear_api::{TableInfo, WaitStats};
+use gear_api::{TableInfo, WaitReason, WaitRole, WaitStats};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -191,9 +192,36 @@ pub(crate) struct TableFamily {
 const INSERT: Labels = &[("op", "insert")];
 const SAMPLE: Labels = &[("op", "sample")];
 
+/// The waits a table can list (gear-api's [`gear_api::Waiting`]): who
+/// waits on which limit, as the labels of `gear_table_waiting`.
+const WAIT_KINDS: [(Labels, WaitRole, WaitReason); 6] = [
+    (&[("role", "writer"), ("reason", "samples_per_insert")], WaitRole::Writer, WaitReason::SamplesPerInsert),
+    (&[("role", "writer"), ("reason", "full_table")], WaitRole::Writer, WaitReason::FullTable),
+    (&[("role", "sampler"), ("reason", "min_size")], WaitRole::Sampler, WaitReason::MinSize),
+    (&[("role", "sampler"), ("reason", "samples_per_insert")], WaitRole::Sampler, WaitReason::SamplesPerInsert),
+    (&[("role", "sampler"), ("reason", "empty_table")], WaitRole::Sampler, WaitReason::EmptyTable),
+    (&[("role", "caller"), ("reason", "table_lock")], WaitRole::Other, WaitReason::TableLock),
+];
+
+/// The roles, as the labels of `gear_table_longest_wait_seconds`.
+const WAIT_ROLES: [(Labels, WaitRole); 3] = [
+    (&[("role", "writer")], WaitRole::Writer),
+    (&[("role", "sampler")], WaitRole::Sampler),
+    (&[("role", "caller")], WaitRole::Other),
+];
+
+/// How many waits of `role` on `reason` the table lists now.
+fn waiting(info: &TableInfo, role: WaitRole, reason: WaitReason) -> f64 {
+    info.waiting.iter().filter(|w| w.role == role && w.reason == reason).count() as f64
+}
+
+/// The longest wait of `role` listed now, in seconds (0 when none).
+fn longest_wait(info: &TableInfo, role: WaitRole) -> f64 {
+    info.waiting.iter().filter(|w| w.role == role).map(|w| w.waited.as_secs_f64()).fold(0.0, f64::max)
+}
+
 /// Every per-table family, in the order scraped. A new per-table figure
-/// (a gauge of waiting writers, say) is one more entry here and one line
-/// in docs/CONFIG.md.
+/// is one more entry here and one line in docs/CONFIG.md.
 pub(crate) const TABLE_FAMILIES: &[TableFamily] = &[
     TableFamily {
         name: "gear_table_size",
@@ -279,6 +307,19 @@ pub(crate) const TABLE_FAMILIES: &[TableFamily] = &[
         kind: Kind::Counter,
         help: "Time those takes waited.",
         series: |f| vec![(&[], f.waits.lock_wait.as_secs_f64())],
+    },
+    TableFamily {
+        name: "gear_table_waiting",
+        kind: Kind::Gauge,
+        help: "Writers and samplers of any process waiting now, by role and the limit they wait on (callers: the \
+               table lock, listed once a take has waited 100 ms).",
+        series: |f| WAIT_KINDS.iter().map(|&(labels, role, reason)| (labels, waiting(f.info, role, reason))).collect(),
+    },
+    TableFamily {
+        name: "gear_table_longest_wait_seconds",
+        kind: Kind::Gauge,
+        help: "How long the longest of those waits has lasted so far, by role (0 when none waits).",
+        series: |f| WAIT_ROLES.iter().map(|&(labels, role)| (labels, longest_wait(f.info, role))).collect(),
     },
 ];
 

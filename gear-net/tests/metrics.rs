@@ -1,7 +1,8 @@
 //! The metrics endpoint, scraped over HTTP as Prometheus would: every
 //! family documented in docs/CONFIG.md ("Metrics") is served and every
 //! served family is documented; the counters move with traffic on each
-//! table; the histograms are well formed; other paths and methods are
+//! table; a waiting writer shows in the waiting gauges while it waits; the
+//! histograms are well formed; other paths and methods are
 //! refused.
 
 // This test uses the table and row helpers only.
@@ -284,6 +285,40 @@ fn the_endpoint_serves_every_documented_metric_and_counts_the_traffic() {
         assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, s.value), "{method} {table}: +Inf is not the count");
         assert!(v("gear_rpc_duration_seconds_sum", &[("method", method), ("table", table)]) > 0.0);
     }
+
+    // Nobody waits now; a writer on the full queue (it holds 9 and 10)
+    // waits, and the gauges say who, on which limit, for how long.
+    for s in after.samples.iter().filter(|s| s.name == "gear_table_waiting") {
+        assert_eq!(s.value, 0.0, "{s:?}");
+    }
+    let q = queue.clone();
+    let waiter = std::thread::spawn(move || q.writer().with_timeout(Duration::from_secs(60)).begin(None).map(drop));
+    let full = [("table", "queue"), ("role", "writer"), ("reason", "full_table")];
+    let start = std::time::Instant::now();
+    let during = loop {
+        let s = scrape(addr);
+        if s.value("gear_table_waiting", &full) == 1.0 {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the waiting writer never showed");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        during.value("gear_table_waiting", &[("table", "queue"), ("role", "sampler"), ("reason", "min_size")]),
+        0.0
+    );
+    assert_eq!(
+        during.value("gear_table_waiting", &[("table", "replay"), ("role", "writer"), ("reason", "full_table")]),
+        0.0
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let longest = scrape(addr).value("gear_table_longest_wait_seconds", &[("table", "queue"), ("role", "writer")]);
+    assert!(longest >= 0.25, "{longest}");
+    queue.sampler(gear_api::SampleConfig::new(1, WindowSpec::last(1))).unwrap().sample().unwrap();
+    waiter.join().unwrap().unwrap();
+    let released = scrape(addr);
+    assert_eq!(released.value("gear_table_waiting", &full), 0.0);
+    assert_eq!(released.value("gear_table_longest_wait_seconds", &[("table", "queue"), ("role", "writer")]), 0.0);
 
     // Only GET /metrics.
     assert_eq!(http(addr, "GET", "/").0, 404);

@@ -29,12 +29,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
 
 import gear
+from shards import start_shard
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -64,14 +64,10 @@ class Shards:
             config.write_text(f'name = "gear-py-bench-{os.getpid()}-{s}"\ndir = "{self.dir}"\nmax_len = {steps}\n'
                               f'capacity = {capacity}\n[[columns]]\nname = "obs"\ndtype = "u8"\n'
                               f'shape = [{step_bytes}]\n[grpc]\nlisten = "127.0.0.1:0"\nshard = {s}\n')
-            p = subprocess.Popen([gear_bin(), "serve", "--config", str(config)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, GEAR_TOKEN=self.token))
+            p, addr = start_shard(gear_bin(), str(config), self.token)
             self.procs.append(p)
-            for line in p.stdout:
-                if line.startswith("grpc listening on "):
-                    self.addrs.append(line.split()[3])
-                    break
-            threading.Thread(target=lambda p=p: [None for _ in p.stdout], daemon=True).start()
+            if addr is not None:
+                self.addrs.append(addr)
         if len(self.addrs) != n:
             self.close()
             sys.exit("a shard server did not start")

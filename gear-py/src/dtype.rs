@@ -11,19 +11,13 @@ use gear_core::DType;
 use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::prelude::*;
 
-/// The NumPy dtype name arrays of a `dtype` column have.
+/// The NumPy dtype name arrays of a `dtype` column have: NumPy's own
+/// name of it, except for `bf16` (NumPy has none), whose arrays hold the
+/// raw bits as `uint16`.
 pub(crate) fn numpy_name(dtype: DType) -> &'static str {
     match dtype {
-        DType::Bool => "bool",
-        DType::U8 => "uint8",
-        DType::I8 => "int8",
-        DType::I16 => "int16",
-        DType::I32 => "int32",
-        DType::I64 => "int64",
-        DType::F16 => "float16",
         DType::BF16 => "uint16",
-        DType::F32 => "float32",
-        DType::F64 => "float64",
+        d => d.long_name(),
     }
 }
 

@@ -466,7 +466,11 @@ impl Table {
         Ok(py.detach(|| table.update_priorities(&updates)).map_err(Error::from)?)
     }
 
-    /// Counters and rate-limiter state, as a dict.
+    /// Counters and rate-limiter state, as a dict; `waiting` lists the
+    /// writers and samplers waiting now (in any process), each a dict of
+    /// `role` (`writer`, `sampler`), `reason` (`min size`, `samples per
+    /// insert`, `full table`, `table lock`, `empty table`), `pid`,
+    /// `waited_s` and `since` (Unix time), longest first.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let table = &self.inner;
         let i = py.detach(|| table.info()).map_err(Error::from)?;
@@ -486,6 +490,21 @@ impl Table {
         d.set_item("slots_free", i.slots.free)?;
         d.set_item("slots_writing", i.slots.writing)?;
         d.set_item("slots_committed", i.slots.committed)?;
+        // Who waits now, in every process of the table, longest first: a
+        // hang has a name (the limit) and an age.
+        let waiting = pyo3::types::PyList::empty(py);
+        for w in &i.waiting {
+            let e = PyDict::new(py);
+            e.set_item("role", w.role.name())?;
+            e.set_item("reason", w.reason.name())?;
+            e.set_item("pid", w.pid)?;
+            e.set_item("waited_s", w.waited.as_secs_f64())?;
+            e.set_item("since", w.since.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()))?;
+            waiting.append(e)?;
+        }
+        d.set_item("waiting_writers", i.waiting_writers())?;
+        d.set_item("waiting_samplers", i.waiting_samplers())?;
+        d.set_item("waiting", waiting)?;
         Ok(d)
     }
 

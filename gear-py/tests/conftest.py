@@ -1,7 +1,10 @@
-"""Shared fixtures: unique shared-memory names, and a helper that runs a
-Python child process with a deadline."""
+"""Shared fixtures: unique shared-memory names, targets that are not
+regular files, and a helper that runs a Python child process with a
+deadline."""
 
 import os
+import socket
+import stat
 import subprocess
 import sys
 import uuid
@@ -201,3 +204,41 @@ def require_installed(module: str) -> None:
     if os.environ.get("GEAR_REQUIRE_TORCH") == "1":
         pytest.fail(f"{module} is required here (GEAR_REQUIRE_TORCH=1) but is not installed")
     pytest.skip(f"{module} is not installed (ci/pytest.sh installs it)")
+
+
+@pytest.fixture
+def not_regular_targets(tmp_path):
+    """Paths a write must refuse, each with the words its error names:
+    a FIFO, a directory, a socket, a symlink to a regular file, and a
+    character device (a node like /dev/null made in tmp_path where this
+    process may, as root, so that a regression replaces that copy and
+    never the machine's; /dev/null itself where the process may not
+    replace it anyway; none for root without CAP_MKNOD). Yields the
+    list and the symlink's regular target (holding b"not mine"); after
+    the test, checks each path is still what it was."""
+    fifo = tmp_path / "a-fifo"
+    os.mkfifo(fifo)
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    sock_path = tmp_path / "a-socket"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    kept = tmp_path / "kept"
+    kept.write_bytes(b"not mine")
+    link = tmp_path / "link"
+    link.symlink_to(kept)
+    targets = [(fifo, "is a FIFO"), (directory, "is a directory"), (sock_path, "is a socket"),
+               (link, "is a symbolic link")]
+    node = tmp_path / "null-device"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError):
+        node = None if os.geteuid() == 0 else "/dev/null"
+    if node is not None:
+        targets.append((node, "is a character device, not a regular file"))
+    yield targets, kept
+    sock.close()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and directory.is_dir() and link.is_symlink()
+    assert stat.S_ISSOCK(os.lstat(sock_path).st_mode)
+    if node is not None:
+        assert stat.S_ISCHR(os.lstat(node).st_mode)

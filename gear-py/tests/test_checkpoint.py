@@ -121,3 +121,18 @@ while True:
             child.kill()
     restored = gear.Table.restore(path, COLUMNS, max_len=8, capacity=4096)
     assert len(restored) in (20, 4096)
+
+
+def test_checkpoint_targets_that_are_not_regular_files_are_refused_and_left_alone(tmp_path, not_regular_targets):
+    targets, kept = not_regular_targets
+    table = filled_table()
+    for target, words in targets:
+        with pytest.raises(gear.CheckpointError, match=words):
+            table.checkpoint(target)
+    assert kept.read_bytes() == b"not mine"
+    assert not [p for p in tmp_path.iterdir() if ".tmp." in p.name]
+    # A regular file is replaced; a checkpoint directory that is a file is refused.
+    table.checkpoint(kept)
+    assert len(gear.Table.restore(kept, COLUMNS, max_len=8, capacity=64, sampler="prioritized")) == 20
+    with pytest.raises(gear.CheckpointError):
+        table.checkpoint_into(kept, keep=2)

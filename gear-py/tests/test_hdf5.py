@@ -151,3 +151,21 @@ def test_bad_files_raise_and_change_nothing(tmp_path):
         gear.import_hdf5(narrow, str(src))
     after = table.info()["inserts"]
     assert after == before
+
+
+def test_export_targets_that_are_not_regular_files_are_refused(tmp_path, not_regular_targets):
+    targets, kept = not_regular_targets
+    arrays = d4rl_arrays()
+    src = tmp_path / "d4rl.hdf5"
+    write_d4rl(src, arrays)
+    table = table_for(arrays, max_len=100, capacity=10)
+    gear.import_hdf5(table, str(src))
+    for target, words in targets:
+        with pytest.raises(gear.GearError, match=words):
+            gear.export_hdf5(table, str(target))
+    assert kept.read_bytes() == b"not mine"
+    # Nothing left behind; a regular file (or a new path) is written.
+    assert not [p for p in tmp_path.iterdir() if ".tmp." in p.name]
+    gear.export_hdf5(table, str(kept))
+    with h5py.File(kept, "r") as f:
+        assert f["observations"].shape == arrays["observations"].shape

@@ -1,5 +1,6 @@
 """Rate-limiter timeouts, the GIL released while waiting, Ctrl-C."""
 
+import os
 import signal
 import threading
 import time
@@ -21,6 +22,30 @@ def test_sampling_an_empty_table_times_out():
     with pytest.raises(gear.TimeoutError, match="timed out after"):
         table.sampler(batch_size=1, timeout=0.3).sample()
     assert time.monotonic() - started >= 0.3
+
+
+def test_info_lists_a_waiting_writer_with_its_limit_until_it_is_released():
+    limiter = gear.RateLimiter.sample_to_insert_ratio(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=2.0)
+    table = one_step_table(rate_limiter=limiter)
+    writer = table.writer(timeout=30.0)
+    for i in range(3):
+        with writer.trajectory() as t:
+            t.append(v=i)
+    assert table.info()["waiting"] == [] and table.info()["waiting_writers"] == 0
+    blocked = threading.Thread(target=lambda: writer.insert_batch({"v": np.arange(1)}))
+    blocked.start()
+    deadline = time.monotonic() + 10
+    while not table.info()["waiting"]:
+        assert time.monotonic() < deadline, "the blocked writer was never listed"
+        time.sleep(0.01)
+    info = table.info()
+    (w,) = info["waiting"]
+    assert (w["role"], w["reason"], w["pid"]) == ("writer", "samples per insert", os.getpid())
+    assert w["waited_s"] >= 0 and abs(w["since"] - time.time()) < 60
+    assert (info["waiting_writers"], info["waiting_samplers"]) == (1, 0)
+    table.sampler(batch_size=1, timeout=5).sample()
+    blocked.join(timeout=30)
+    assert not blocked.is_alive() and table.info()["waiting"] == []
 
 
 def test_the_ratio_limiter_blocks_writers_and_samplers():

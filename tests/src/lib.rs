@@ -1,5 +1,6 @@
 //! Cross-crate conformance tests for GEAR-rs. The library part holds what a
-//! downstream crate would write; the tests live in `tests/`.
+//! downstream crate would write; the tests live in `tests/`. The README's
+//! Rust snippets are this crate's doc tests ([`ReadmeSnippets`]).
 //!
 //! [`AboveThreshold`] is a selection strategy written the way a user's crate
 //! would write one: against `gear_core::Selector` only, with no access to
@@ -83,3 +84,10 @@ impl Selector for AboveThreshold {
         Ok(())
     }
 }
+
+/// The Rust snippets of the repository's README.md, compiled and run as
+/// doc tests by `cargo test --workspace` (alone: `cargo test -p tests
+/// --doc`), so that every snippet a user copies works as written.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeSnippets;

@@ -238,7 +238,7 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn check(cmd: &mut Command, what: &str) -> Result<()> {
+pub(crate) fn check(cmd: &mut Command, what: &str) -> Result<()> {
     let status = cmd.status().with_context(|| format!("running {what}"))?;
     if !status.success() {
         bail!("{what} failed ({status})");
@@ -246,7 +246,7 @@ fn check(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn json_of(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
+pub(crate) fn json_of(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
     let out = cmd.output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
         bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));

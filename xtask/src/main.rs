@@ -16,6 +16,10 @@
 //! * `gpu-test [--out DIR] [--run | --build-only]`: packs
 //!   gear-cuda's test and bench binaries into a folder a GPU machine without
 //!   cargo can run (`run.sh`), and runs it when a GPU is present.
+//! * `hdf5-bench [--runs N] [--steps N] [--episodes N]`: gear-hdf5's D4RL
+//!   and Minari imports beside h5py reading the same datasets, files made
+//!   by h5py in `target/hdf5-bench/` (`hdf5_bench.rs`); writes
+//!   `target/hdf5-bench.md`.
 //! * `rdma-test [ARGS]`: on a machine with an RDMA device, installs the
 //!   rdma feature's build needs (`gear-rdma/ci/install-build-deps.sh`),
 //!   then runs gear-rdma's loopback example over the real device: register,
@@ -29,6 +33,7 @@
 
 mod compare;
 mod gpu_test;
+mod hdf5_bench;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -41,11 +46,12 @@ fn main() -> Result<()> {
         Some("gpu-test") => gpu_test::run(&args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("compare") => compare::run(&args[1..]),
+        Some("hdf5-bench") => hdf5_bench::run(&args[1..]),
         Some("rdma-test") => rdma_test(&args[1..]),
         Some("help") | Some("--help") | None => {
             println!(
                 "cargo xtask <command>\n\ncommands:\n  bench [--quick] [--runs N]   run gear bench over the standard workloads \
-                 (medians of N runs, default 3), write target/bench.md\n  compare [--runs N]  gear bench beside cpprb on the same workloads (own venv), writes target/compare.md and .svg\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked, then the corrupted-table fuzz\n  rdma-test [--device NAME] [--port N] [--gid-index N] [--seconds N]  loopback RDMA READs over a real device, bytes checked, throughput\n  {}",
+                 (medians of N runs, default 3), write target/bench.md\n  compare [--runs N]  gear bench beside cpprb on the same workloads (own venv), writes target/compare.md and .svg\n  hdf5-bench [--runs N] [--steps N] [--episodes N]  gear-hdf5 imports beside h5py reading the same datasets, writes target/hdf5-bench.md\n  soak [--seconds N]  4 writer + 2 sampler processes for N seconds (default 60), every row checked, then the corrupted-table fuzz\n  rdma-test [--device NAME] [--port N] [--gid-index N] [--seconds N]  loopback RDMA READs over a real device, bytes checked, throughput\n  {}",
                 gpu_test::USAGE
             );
             Ok(())

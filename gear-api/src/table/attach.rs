@@ -63,7 +63,13 @@ impl ReplayTable {
     /// `options.dir`) that another process created. The attached handle
     /// writes, samples and updates priorities like the creator's.
     pub fn attach(name: &str, options: AttachOptions) -> Result<ReplayTable> {
-        let pool = gear_cpu::ShmPool::open(name, options.dir.as_deref())?;
+        let pool = gear_cpu::ShmPool::open(name, options.dir.as_deref()).map_err(|e| match e {
+            gear_cpu::Error::NotFound { name, dir } => {
+                let existing = shared_tables(Some(&dir)).unwrap_or_default();
+                Error::TableNotFound { name, dir, existing }
+            }
+            e => e.into(),
+        })?;
         let file = pool.file()?;
         let pool: Box<dyn MemoryRegion> = Box::new(pool);
         let region = TableRegion::open(pool, options.expected.as_ref()).map_err(|e| match e {
@@ -92,7 +98,9 @@ impl ReplayTable {
             match kind_from_code(p[word].load(Ordering::Relaxed)) {
                 Some(k) => Ok(gear_sampler::build(k, &params)?),
                 None => Err(Error::Config(format!(
-                    "table `{name}` uses a custom {role} strategy; pass an equivalent one in AttachOptions"
+                    "table `{name}` uses a {role} strategy of its creator's own type; pass an equivalent one \
+                     in AttachOptions {{ {field}: Some(Box::new(...)), .. }} (built-in strategies need none)",
+                    field = if word == policy::SAMPLER_KIND { "sampler" } else { "remover" }
                 ))),
             }
         };
@@ -102,6 +110,29 @@ impl ReplayTable {
         let opened = Opened { region, lease, backing: Some(file), creator: false };
         Shared::open_table(opened, sampler, remover, options.collector_threads, options.timeout)
     }
+}
+
+/// The names of the GEAR tables in `dir` (default `/dev/shm`): the files
+/// there that start with a table region's magic bytes, sorted. Files that
+/// cannot be read are left out.
+pub fn shared_tables(dir: Option<&std::path::Path>) -> Result<Vec<String>> {
+    use std::io::Read;
+    let dir = dir.unwrap_or(std::path::Path::new(gear_cpu::DEFAULT_SHM_DIR));
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        Error::from(gear_cpu::Error::Io { op: "list the tables in", path: dir.to_path_buf(), source: e })
+    })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| {
+            let mut magic = [0u8; 8];
+            std::fs::File::open(e.path()).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
+                && magic == gear_core::region::MAGIC
+        })
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 /// The rate limiter's settings from the policy words, validated: a

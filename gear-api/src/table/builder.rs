@@ -36,6 +36,39 @@ pub(super) enum StrategyChoice {
     Custom(Box<dyn Selector>),
 }
 
+/// The built-in kind (and parameters) of a fresh gear-sampler strategy
+/// instance, so that a table built from one can be attached to without
+/// passing it again; `None` for any other type, or for an instance that
+/// already holds keys (its state would be lost by rebuilding it).
+fn builtin<S: Selector + 'static>(selector: &S) -> Option<(StrategyKind, StrategyParams)> {
+    use gear_sampler::{Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Uniform};
+    if !selector.is_empty() {
+        return None;
+    }
+    let any: &dyn std::any::Any = selector;
+    let plain = |kind| Some((kind, StrategyParams::default()));
+    if let Some(p) = any.downcast_ref::<Prioritized>() {
+        let params = StrategyParams { alpha: p.alpha(), beta: p.beta(), stratified: p.is_stratified() };
+        return Some((StrategyKind::Prioritized, params));
+    }
+    if any.is::<Uniform>() {
+        return plain(StrategyKind::Uniform);
+    }
+    if any.is::<Fifo>() {
+        return plain(StrategyKind::Fifo);
+    }
+    if any.is::<Lifo>() {
+        return plain(StrategyKind::Lifo);
+    }
+    if any.is::<MaxHeap>() {
+        return plain(StrategyKind::MaxHeap);
+    }
+    if any.is::<MinHeap>() {
+        return plain(StrategyKind::MinHeap);
+    }
+    None
+}
+
 pub(super) fn kind_code(k: StrategyKind) -> u64 {
     StrategyKind::ALL.iter().position(|x| *x == k).map_or(0, |i| i as u64 + 1)
 }
@@ -80,10 +113,20 @@ impl TableBuilder {
         self
     }
 
-    /// A strategy of your own for sampling. Processes that attach must pass
-    /// an equivalent one ([`AttachOptions::sampler`](crate::AttachOptions::sampler)).
-    pub fn sampler(mut self, selector: impl Selector + 'static) -> Self {
-        self.sampler = StrategyChoice::Custom(Box::new(selector));
+    /// A strategy instance for sampling. One of gear-sampler's built-in
+    /// strategies (`Prioritized::new(0.6, 0.4)?`, `Uniform::new()`, ...) is
+    /// recorded as [`TableBuilder::sampler_kind`] would record it, so
+    /// processes that attach rebuild it themselves; for a strategy of your
+    /// own they must pass an equivalent one
+    /// ([`AttachOptions::sampler`](crate::AttachOptions::sampler)).
+    pub fn sampler<S: Selector + 'static>(mut self, selector: S) -> Self {
+        match builtin(&selector) {
+            Some((kind, params)) => {
+                self.sampler = StrategyChoice::Kind(kind);
+                self.params = params;
+            }
+            None => self.sampler = StrategyChoice::Custom(Box::new(selector)),
+        }
         self
     }
 
@@ -93,9 +136,15 @@ impl TableBuilder {
         self
     }
 
-    /// An eviction strategy of your own.
-    pub fn remover(mut self, selector: impl Selector + 'static) -> Self {
-        self.remover = StrategyChoice::Custom(Box::new(selector));
+    /// An eviction strategy instance: a built-in one without parameters
+    /// (`Fifo`, `Lifo`, `Uniform`, the heaps) is recorded as
+    /// [`TableBuilder::remover_kind`] would; one of your own must be passed
+    /// to attachers too ([`AttachOptions::remover`](crate::AttachOptions::remover)).
+    pub fn remover<S: Selector + 'static>(mut self, selector: S) -> Self {
+        match builtin(&selector) {
+            Some((kind, _)) if kind != StrategyKind::Prioritized => self.remover = StrategyChoice::Kind(kind),
+            _ => self.remover = StrategyChoice::Custom(Box::new(selector)),
+        }
         self
     }
 
@@ -184,9 +233,16 @@ impl TableBuilder {
         self.build_with(true)
     }
 
-    /// [`TableBuilder::build`], with the pool's pages faulted in up front
-    /// (`prefault`) or at first touch.
-    fn build_with(self, prefault: bool) -> Result<ReplayTable> {
+    /// Checks everything [`TableBuilder::build`] checks before it allocates
+    /// (the spec's sizes, the rate limiter, `max_times_sampled`) and
+    /// returns the bytes the table's memory will take: header, control
+    /// block, slot records and trajectory data. Allocates nothing (`gear
+    /// serve --dry-run`).
+    pub fn check(&self) -> Result<u64> {
+        Ok(self.checked()?.1.total_bytes)
+    }
+
+    fn checked(&self) -> Result<(RateLimiterConfig, gear_core::RegionLayout)> {
         let limiter = self.limiter.validated()?;
         let capacity = self.spec.capacity();
         if self.max_times_sampled == Some(0) {
@@ -198,7 +254,14 @@ impl TableBuilder {
                 limiter.min_size_to_sample
             )));
         }
-        let region_layout = gear_core::RegionLayout::for_spec(&self.spec)?;
+        Ok((limiter, gear_core::RegionLayout::for_spec(&self.spec)?))
+    }
+
+    /// [`TableBuilder::build`], with the pool's pages faulted in up front
+    /// (`prefault`) or at first touch.
+    fn build_with(self, prefault: bool) -> Result<ReplayTable> {
+        let (limiter, region_layout) = self.checked()?;
+        let capacity = self.spec.capacity();
         let (pool, backing): (Box<dyn MemoryRegion>, Option<File>) = match &self.pool {
             PoolConfig::Host if prefault => (Box::new(gear_cpu::HostPool::new(region_layout.total_bytes)?), None),
             PoolConfig::Host => (Box::new(gear_cpu::HostPool::unpopulated(region_layout.total_bytes)?), None),
@@ -212,6 +275,10 @@ impl TableBuilder {
                         // Its creator died without removing it: replace it.
                         gear_cpu::ShmPool::unlink(name, dir.as_deref())?;
                         gear_cpu::ShmPool::create(name, region_layout.total_bytes, opts)?
+                    }
+                    Err(gear_cpu::Error::Exists { name, dir }) => {
+                        let holder = describe_existing(&name, Some(&dir));
+                        return Err(Error::TableExists { name, dir, holder });
                     }
                     other => other?,
                 };
@@ -276,6 +343,34 @@ pub(super) struct Opened {
     /// The backing file of a shared table (for size checks).
     pub(super) backing: Option<File>,
     pub(super) creator: bool,
+}
+
+/// What holds the name `name` in `dir`, for the error of a create that
+/// found it taken: the live process that created the table there (and how
+/// to reach it instead), or a file that is no table of this build.
+fn describe_existing(name: &str, dir: Option<&std::path::Path>) -> String {
+    let opened = gear_cpu::ShmPool::open_with(name, dir, false).map_err(Error::from).and_then(|pool| {
+        let file = pool.file()?;
+        let region = TableRegion::open(pool, None)?;
+        Ok((file, region))
+    });
+    match opened {
+        Ok((file, region)) => {
+            let ctl = region.control();
+            let server = u32::try_from(ctl.server.load(Ordering::Relaxed)).unwrap_or(0);
+            let pid = ctl.lease_pids[gear_cpu::sync::lease_index(server)].load(Ordering::Relaxed);
+            let state = if token_alive(&file, server, ctl) { "which is running" } else { "which has exited" };
+            format!(
+                "a table created by process {pid} ({state}); attach to it with ReplayTable::attach(\"{name}\", ..) \
+                 (Python: gear.Table.attach(\"{name}\")), or give this table another name"
+            )
+        }
+        Err(e) => format!(
+            "the file is not a table this build can open ({e}); remove it if it is yours (rm {}), or give this \
+             table another name",
+            dir.unwrap_or(std::path::Path::new(gear_cpu::DEFAULT_SHM_DIR)).join(name).display()
+        ),
+    }
 }
 
 /// Whether `name` holds a GEAR table whose creating process is dead (left

@@ -2,10 +2,10 @@
 //! evicting when none is free), publishing, committing and abandoning.
 
 use super::select::{not_stored, strategy_error};
-use super::shared::{add, sub, LimiterWait, Local, Locked};
+use super::shared::{add, sub, LimiterWait, Local, Locked, WaitFor};
 use super::ReplayTable;
 use crate::error::{Error, Result};
-use gear_core::{target, Change, LogOp, SlotKey, SlotState};
+use gear_core::{target, Change, LogOp, SlotKey, SlotState, WaitReason, WaitRole};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -13,13 +13,31 @@ use std::time::{Duration, Instant};
 /// before leaving that to the next call that takes the lock.
 pub(super) const ABANDON_PATIENCE: Duration = Duration::from_millis(200);
 
+/// A writer's wait for the rate limiter: on the samples-per-insert ratio,
+/// or, with a queue's limiter (every item sampled once), on a full table.
+fn insert_wait() -> WaitFor<impl Fn(&Locked<'_>) -> WaitReason> {
+    WaitFor {
+        op: "insert (rate limiter)",
+        role: WaitRole::Writer,
+        reason: |l: &Locked<'_>| {
+            let c = l.limiter().config;
+            if c.min_diff == 0.0 && c.samples_per_insert == 1.0 {
+                WaitReason::FullTable
+            } else {
+                WaitReason::SamplesPerInsert
+            }
+        },
+        kind: LimiterWait::Insert,
+    }
+}
+
 impl ReplayTable {
     /// Admits one writer (rate limiter) and hands it a slot in `Writing`
     /// state, evicting with the remover when no slot is free.
     pub(crate) fn begin_slot(&self, priority: f64, timeout: Option<Duration>) -> Result<SlotKey> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let l = self.shared.lock(deadline)?;
-        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), LimiterWait::Insert)?;
+        let mut l = self.wait_until(l, deadline, insert_wait(), |l| l.can_insert())?;
         self.take_slot(&mut l, priority)
     }
 
@@ -41,7 +59,7 @@ impl ReplayTable {
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         let l = self.shared.lock(deadline)?;
-        let mut l = self.wait_until(l, deadline, "insert (rate limiter)", |l| l.can_insert(), LimiterWait::Insert)?;
+        let mut l = self.wait_until(l, deadline, insert_wait(), |l| l.can_insert())?;
         let mut keys = Vec::with_capacity(count);
         keys.push(self.take_slot(&mut l, priority(0))?);
         for i in 1..count {

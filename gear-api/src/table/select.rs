@@ -3,10 +3,10 @@
 //! shared reference), checking what the strategy returned, and retiring
 //! rows that reached `max_times_sampled`.
 
-use super::shared::{add, process_salt, sub, LimiterWait, Locked, Shared};
+use super::shared::{add, process_salt, sub, LimiterWait, Locked, Shared, WaitFor};
 use super::ReplayTable;
 use crate::error::{Error, Result};
-use gear_core::{target, Change, LogOp, Sampled, SlotKey, SlotRecord, Xoshiro256};
+use gear_core::{target, Change, LogOp, Sampled, SlotKey, SlotRecord, WaitReason, WaitRole, Xoshiro256};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -79,21 +79,28 @@ impl ReplayTable {
     ) -> Result<Locked<'a>> {
         if count_against_limiter {
             self.check_batch(n)?;
-            self.wait_until(
-                l,
-                deadline,
-                "sample (empty table or rate limiter)",
-                |l| l.can_sample(n as u64),
-                LimiterWait::Sample,
-            )
+            let what = WaitFor {
+                op: "sample (empty table or rate limiter)",
+                role: WaitRole::Sampler,
+                reason: |l: &Locked<'_>| {
+                    let size = l.ctl().size.load(Ordering::Relaxed);
+                    if size == 0 || size < l.limiter().config.min_size_to_sample {
+                        WaitReason::MinSize
+                    } else {
+                        WaitReason::SamplesPerInsert
+                    }
+                },
+                kind: LimiterWait::Sample,
+            };
+            self.wait_until(l, deadline, what, |l| l.can_sample(n as u64))
         } else {
-            self.wait_until(
-                l,
-                deadline,
-                "sample (table emptied while a batch was redrawn)",
-                |l| !l.local.sampler.is_empty(),
-                LimiterWait::Sample,
-            )
+            let what = WaitFor {
+                op: "sample (table emptied while a batch was redrawn)",
+                role: WaitRole::Sampler,
+                reason: |_: &Locked<'_>| WaitReason::EmptyTable,
+                kind: LimiterWait::Sample,
+            };
+            self.wait_until(l, deadline, what, |l| !l.local.sampler.is_empty())
         }
     }
 

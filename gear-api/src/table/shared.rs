@@ -10,7 +10,10 @@ use crate::limiter::{RateLimiter, RateLimiterConfig};
 use gear_core::{
     target, Change, ControlBlock, LogOp, MemoryRegion, Sampled, Selector, SlotKey, SlotState, TableRegion, Xoshiro256,
 };
-use gear_cpu::sync::{futex_wait, futex_wake_all, LockState, ProcessLease, TableLock, TableLockGuard};
+use gear_core::{WaitReason, WaitRole};
+use gear_cpu::sync::{
+    futex_wait, futex_wake_all, wait_warning_after, LockState, ProcessLease, TableLock, TableLockGuard, WaitListing,
+};
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -742,16 +745,31 @@ impl<'a> Locked<'a> {
     }
 }
 
+/// What a writer's or sampler's wait is: the operation named in a timeout,
+/// the role and limit it is listed with, and the counters its time adds to.
+pub(super) struct WaitFor<R> {
+    /// The operation, as a timeout names it ("insert (rate limiter)").
+    pub(super) op: &'static str,
+    pub(super) role: WaitRole,
+    /// Which limit holds the caller back, read under the lock at each turn.
+    pub(super) reason: R,
+    /// Which totals the time waited adds to: the control block's (every
+    /// process) and this process's (`ReplayTable::wait_stats`).
+    pub(super) kind: LimiterWait,
+}
+
 impl ReplayTable {
     /// Waits until `ready` holds, the table closes, the server dies or the
-    /// deadline passes; adds the time waited to `waited`.
+    /// deadline passes; adds the time waited to `what.kind`'s totals. While it
+    /// waits the wait is listed in the control block (for `info()` in every
+    /// process) and, past [`wait_warning_after`], logged as a warning that
+    /// names the limit and its counters.
     pub(super) fn wait_until<'a>(
         &'a self,
         mut l: Locked<'a>,
         deadline: Option<Instant>,
-        op: &'static str,
+        what: WaitFor<impl Fn(&Locked<'_>) -> WaitReason>,
         ready: impl Fn(&Locked<'_>) -> bool,
-        kind: LimiterWait,
     ) -> Result<Locked<'a>> {
         let sh = &*self.shared;
         let ctl = sh.region.control();
@@ -759,9 +777,11 @@ impl ReplayTable {
             return Ok(l);
         }
         let start = Instant::now();
+        let mut listing = WaitListing::begin(ctl, &sh.lease, what.role, (what.reason)(&l), Duration::ZERO);
+        let mut warn_at = wait_warning_after();
         // Every process's waits add up in the control block; this
         // process's are counted apart too (`ReplayTable::wait_stats`).
-        let (waited, local) = match kind {
+        let (waited, local) = match what.kind {
             LimiterWait::Insert => (&ctl.insert_wait_ns, &sh.waits.insert),
             LimiterWait::Sample => (&ctl.sample_wait_ns, &sh.waits.sample),
         };
@@ -780,9 +800,16 @@ impl ReplayTable {
             if ready(&l) {
                 break Ok(());
             }
+            let reason = (what.reason)(&l);
+            listing.set_reason(reason);
             let now = Instant::now();
+            if let Some(after) = warn_at.filter(|a| now - start >= *a) {
+                tracing::warn!("{}", self.wait_warning(&l, what.role, reason, now - start));
+                // Then again at 4, 16, ... times the threshold.
+                warn_at = Some(after * 4);
+            }
             if deadline.is_some_and(|d| now >= d) {
-                break Err(Error::Timeout { op, waited: start.elapsed(), holder: None });
+                break Err(Error::Timeout { op: what.op, waited: start.elapsed(), holder: None });
             }
             let slice = deadline.map_or(WAIT_SLICE, |d| (d - now).min(WAIT_SLICE));
             let seen = ctl.epoch.load(Ordering::Acquire);
@@ -801,6 +828,7 @@ impl ReplayTable {
                 }
             };
         };
+        drop(listing);
         let elapsed = start.elapsed();
         let ns = elapsed.as_nanos() as u64;
         if ns > 1000 {
@@ -809,5 +837,85 @@ impl ReplayTable {
         // Not ready at the first look: a wait, however short.
         local.record(elapsed);
         result.map(|()| l)
+    }
+
+    /// The warning logged when a wait lasts: who waits, on which limit,
+    /// the counters that keep it waiting, and what usually ends it.
+    fn wait_warning(&self, l: &Locked<'_>, role: WaitRole, reason: WaitReason, waited: Duration) -> String {
+        let table = self.name().map_or_else(|| "a process-private table".to_owned(), |n| format!("table `{n}`"));
+        let ctl = l.ctl();
+        let rl = l.limiter();
+        let size = ctl.size.load(Ordering::Relaxed);
+        let cfg = rl.config;
+        let why = match reason {
+            WaitReason::MinSize => format!(
+                "min size: the table holds {size} trajectories and the rate limiter's min_size_to_sample is {}; \
+                 sampling starts once writers have committed that many. Is a writer running?",
+                cfg.min_size_to_sample
+            ),
+            WaitReason::SamplesPerInsert if role == WaitRole::Writer => format!(
+                "samples per insert: the rate limiter holds inserts until samplers catch up ({} inserts, {} \
+                 samples, samples_per_insert {}: one more insert would take inserts * samples_per_insert - \
+                 samples to {:.1}, above max_diff {:.1}). Is a sampler running?",
+                rl.inserts,
+                rl.samples,
+                cfg.samples_per_insert,
+                rl.error() + cfg.samples_per_insert,
+                cfg.max_diff
+            ),
+            WaitReason::SamplesPerInsert => format!(
+                "samples per insert: the rate limiter holds sampling until writers insert more ({} inserts, {} \
+                 samples, samples_per_insert {}: inserts * samples_per_insert - samples is {:.1} and a batch may \
+                 not take it below min_diff {:.1}). Is a writer running?",
+                rl.inserts,
+                rl.samples,
+                cfg.samples_per_insert,
+                rl.error(),
+                cfg.min_diff
+            ),
+            WaitReason::FullTable => format!(
+                "full table: {} trajectories are stored unsampled, the most the table's queue holds, and each \
+                 must be sampled before another goes in. Is a sampler running?",
+                rl.error().max(0.0) as u64
+            ),
+            WaitReason::EmptyTable => {
+                "empty table: it emptied while a batch was redrawn. Is a writer running?".to_owned()
+            }
+            WaitReason::TableLock => "the table lock.".to_owned(),
+        };
+        format!(
+            "a {} (process {}) has waited {:.1} s on {table}: {why} A timeout bounds the wait \
+             (Writer::with_timeout, SampleConfig::timeout); GEAR_WAIT_WARNING_SECS sets when this is logged",
+            role.name(),
+            std::process::id(),
+            waited.as_secs_f64()
+        )
+    }
+
+    /// The waits listed now, by every process of the table; entries left by
+    /// processes that died while waiting are cleared on the way.
+    pub(super) fn waiting_now(&self) -> Vec<super::Waiting> {
+        let sh = &*self.shared;
+        let ctl = sh.region.control();
+        let now_ms = gear_cpu::sync::unix_ms();
+        let mut waiting: Vec<super::Waiting> = ctl
+            .waits_now()
+            .filter(|w| {
+                let alive = sh.lease.is_alive(w.token, ctl);
+                if !alive {
+                    ctl.clear_wait(w);
+                }
+                alive
+            })
+            .map(|w| super::Waiting {
+                role: w.role,
+                reason: w.reason,
+                pid: ctl.lease_pids[gear_cpu::sync::lease_index(w.token)].load(Ordering::Relaxed),
+                since: std::time::UNIX_EPOCH + Duration::from_millis(w.since_ms),
+                waited: Duration::from_millis(now_ms.saturating_sub(w.since_ms)),
+            })
+            .collect();
+        waiting.sort_by_key(|w| std::cmp::Reverse(w.waited));
+        waiting
     }
 }

@@ -241,8 +241,9 @@ impl ClusterClient {
         match self.ensure_buffer(&mut st, bytes) {
             Ok(()) => true,
             Err(e) => {
-                eprintln!(
-                    "gear-net: a batch buffer of {bytes} bytes cannot be registered with the data plane ({e}); the shards gather such batches for {RETRY_AFTER:?}"
+                tracing::warn!(
+                    "a batch buffer of {bytes} bytes cannot be registered with the data plane ({e}); the shards \
+                     gather such batches for {RETRY_AFTER:?}"
                 );
                 st.register_backoff = Some((bytes, Instant::now() + RETRY_AFTER));
                 false
@@ -281,7 +282,7 @@ impl ClusterClient {
         match self.config.rdma.device_transport() {
             Ok(t) => Some(t),
             Err(e) => {
-                eprintln!("gear-net: rdma data plane unavailable ({e})");
+                tracing::info!("rdma data plane unavailable ({e})");
                 None
             }
         }
@@ -297,7 +298,7 @@ impl ClusterClient {
         match gear_tcp::TcpTransport::new(config) {
             Ok(t) => Some(Box::new(t)),
             Err(e) => {
-                eprintln!("gear-net: tcp data plane unavailable ({e})");
+                tracing::warn!("tcp data plane unavailable ({e})");
                 None
             }
         }
@@ -514,15 +515,16 @@ impl ClusterClient {
         let address = &self.config.shards[shard];
         match e {
             Error::Status { status, .. } if status.code() == tonic::Code::FailedPrecondition => {
-                eprintln!(
-                    "gear-net: shard {shard} ({address}) does not serve {kind} ({}); its rows are gathered by the shard",
+                tracing::info!(
+                    "shard {shard} ({address}) does not serve {kind} ({}); its rows are gathered by the shard",
                     status.message()
                 );
                 st.gather_only[shard] = Some(incarnation);
             }
             e => {
-                eprintln!(
-                    "gear-net: shard {shard} ({address}): {kind} connect failed ({e}); its rows are gathered by the shard for {RETRY_AFTER:?}"
+                tracing::warn!(
+                    "shard {shard} ({address}): {kind} connect failed ({e}); its rows are gathered by the shard for \
+                     {RETRY_AFTER:?}"
                 );
                 st.connect_backoff[shard] = Some(Instant::now() + RETRY_AFTER);
             }

@@ -77,12 +77,14 @@ impl DataPlaneServer {
             Ok(server) => match expose_all(server.as_ref(), shard, tables) {
                 Ok(exposed) => Some((server, exposed)),
                 Err(e) => {
-                    eprintln!("gear-net: shard {shard}: rdma data plane off ({e})");
+                    tracing::warn!(
+                        "shard {shard}: rdma data plane off (exposing the region failed: {e}); serving tcp only"
+                    );
                     None
                 }
             },
             Err(e) => {
-                eprintln!("gear-net: shard {shard}: rdma data plane off ({e}); serving tcp only");
+                tracing::info!("shard {shard}: rdma data plane off ({e}); serving tcp only");
                 None
             }
         };

@@ -145,8 +145,9 @@ class Table:
         """A sampler gathering on a CUDA device (wheels built with the ``cuda`` feature only)."""
     def update_priorities(self, keys: ArrayLike, priorities: ArrayLike) -> int:
         """Sets priorities by key; stale keys are ignored. Returns how many applied."""
-    def info(self) -> Dict[str, Union[int, float]]:
-        """Counters and rate-limiter state."""
+    def info(self) -> Dict[str, Any]:
+        """Counters and rate-limiter state; ``waiting`` lists the writers and samplers waiting now
+        (any process): dicts of ``role``, ``reason``, ``pid``, ``waited_s``, ``since``."""
     def close(self) -> None:
         """Closes the table for every process."""
     def reclaim_dead(self) -> int:

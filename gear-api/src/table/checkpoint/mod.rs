@@ -21,13 +21,23 @@
 //! retiring are not part of a checkpoint.
 //!
 //! # Crash consistency
-//! The file is written under a temporary name (`NAME.tmp.PID`) in the
+//! The file is written under a temporary name (`NAME.tmp.PID.N`) in the
 //! target's directory, fsynced, renamed over the target and the directory
 //! fsynced, so a process killed at any moment leaves either the previous
-//! file or the new one, never a partial file under the target's name.
+//! file or the new one, never a partial file under the target's name
+//! ([`files::ReplacingFile`]). A target that exists and is not a regular
+//! file (a device such as `/dev/null`, a directory, a FIFO, a socket, a
+//! symbolic link) is refused before the table is paused.
 //! [`ReplayTable::checkpoint_into`] numbers checkpoints in a directory and
 //! keeps the last N; [`latest_checkpoint`] finds the newest and never takes
 //! a temporary file for one.
+//!
+//! A writer holds a lock on its temporary file that the kernel drops when
+//! the writer dies; the temporary files of dead writers (killed mid-write)
+//! are removed by [`remove_stale_temporaries`], which
+//! [`ReplayTable::checkpoint_into`] calls before each checkpoint (and
+//! [`ReplayTable::checkpoint`] for its own target's name), never touching
+//! a live writer's, even one in another process.
 //!
 //! # Format (version 1)
 //! All integers little-endian. A 16-byte preamble: the magic `GEARCKPT`,
@@ -58,6 +68,7 @@
 //! sequential copy each, and it is simple enough to read from any
 //! language (the table above is the whole of it).
 
+pub mod files;
 mod format;
 mod read;
 mod write;
@@ -96,23 +107,29 @@ const DIR_PREFIX: &str = "checkpoint-";
 const DIR_SUFFIX: &str = ".gear";
 
 impl ReplayTable {
-    /// Writes a checkpoint of the table to `path` (replacing a file there
-    /// only once the new one is complete and on disk). Writers and
-    /// samplers keep working meanwhile; see the [module doc](self) for what
-    /// is written and for how long the table is paused.
+    /// Writes a checkpoint of the table to `path` (replacing a regular
+    /// file there only once the new one is complete and on disk; any other
+    /// kind of file there is refused). Writers and samplers keep working
+    /// meanwhile; see the [module doc](self) for what is written and for
+    /// how long the table is paused. Temporary files of earlier writers of
+    /// `path` that died are removed first.
     pub fn checkpoint(&self, path: impl AsRef<Path>) -> Result<CheckpointReport> {
-        write::write_checkpoint(self, path.as_ref())
+        let path = path.as_ref();
+        files::ReplacingFile::remove_stale_of(path).map_err(|e| format::problem(path, e.to_string()))?;
+        write::write_checkpoint(self, path)
     }
 
     /// Writes a checkpoint into directory `dir` (created if missing) under
     /// the next number, then removes the oldest beyond the newest `keep`
-    /// (at least 1 is kept).
+    /// (at least 1 is kept). Temporary files of writers that died while
+    /// writing into `dir` are removed first ([`remove_stale_temporaries`]).
     pub fn checkpoint_into(&self, dir: impl AsRef<Path>, keep: usize) -> Result<CheckpointReport> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(format::io(dir, "create the directory"))?;
+        remove_stale_temporaries(dir)?;
         let numbered = numbered_checkpoints(dir)?;
         let next = numbered.last().map_or(1, |(n, _)| n + 1);
-        let report = self.checkpoint(dir.join(format!("{DIR_PREFIX}{next:010}{DIR_SUFFIX}")))?;
+        let report = write::write_checkpoint(self, &dir.join(format!("{DIR_PREFIX}{next:010}{DIR_SUFFIX}")))?;
         let all = numbered_checkpoints(dir)?;
         let excess = all.len().saturating_sub(keep.max(1));
         for (_, old) in &all[..excess] {
@@ -120,6 +137,22 @@ impl ReplayTable {
         }
         Ok(report)
     }
+}
+
+/// Removes the temporary files that writers of numbered checkpoints
+/// ([`ReplayTable::checkpoint_into`]) left in `dir` when they died
+/// mid-write; a temporary file whose writer lives (in any process, even a
+/// stopped one) is kept. Returns how many were removed. `gear serve` calls
+/// it at startup; `checkpoint_into` before each checkpoint.
+pub fn remove_stale_temporaries(dir: impl AsRef<Path>) -> Result<usize> {
+    let dir = dir.as_ref();
+    files::ReplacingFile::remove_stale(dir, |target| checkpoint_number(target).is_some())
+        .map_err(|e| format::problem(dir, e.to_string()))
+}
+
+/// The number of a `checkpoint-N.gear` name.
+fn checkpoint_number(name: &str) -> Option<u64> {
+    name.strip_prefix(DIR_PREFIX)?.strip_suffix(DIR_SUFFIX)?.parse().ok()
 }
 
 /// The newest checkpoint [`ReplayTable::checkpoint_into`] wrote in `dir`,
@@ -135,9 +168,7 @@ fn numbered_checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     for entry in std::fs::read_dir(dir).map_err(format::io(dir, "list the directory"))? {
         let entry = entry.map_err(format::io(dir, "list the directory"))?;
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let number = name.strip_prefix(DIR_PREFIX).and_then(|r| r.strip_suffix(DIR_SUFFIX));
-        if let Some(n) = number.and_then(|n| n.parse::<u64>().ok()) {
+        if let Some(n) = name.to_str().and_then(checkpoint_number) {
             found.push((n, entry.path()));
         }
     }
@@ -146,16 +177,23 @@ fn numbered_checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 }
 
 /// The file a restore reads: `path` itself, or the newest checkpoint in it
-/// when it is a directory.
+/// when it is a directory. Anything else than a regular file (once
+/// symbolic links are followed) is refused: a FIFO would block the
+/// restore, a device would feed it without end.
 pub(crate) fn resolve(path: &Path) -> Result<PathBuf> {
-    if path.is_dir() {
+    let file = if path.is_dir() {
         latest_checkpoint(path)?.ok_or_else(|| Error::Checkpoint {
             path: path.to_owned(),
             problem: "the directory holds no checkpoint".into(),
-        })
+        })?
     } else {
-        Ok(path.to_owned())
+        path.to_owned()
+    };
+    // A missing file is reported by the open, as an I/O error.
+    if file.exists() {
+        files::check_readable(&file).map_err(|e| format::problem(&file, e.to_string()))?;
     }
+    Ok(file)
 }
 
 pub(crate) use read::restore_into;

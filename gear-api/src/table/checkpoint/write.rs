@@ -2,14 +2,15 @@
 //! trajectory bytes copied with the seqlock check and streamed to a
 //! temporary file that is fsynced and renamed into place.
 
-use super::format::{self, put_string, write_chunk, Tag, CHUNK_TARGET, RECORD_BYTES};
+use super::files::{self, ReplacingFile};
+use super::format::{self, problem, put_string, write_chunk, Tag, CHUNK_TARGET, RECORD_BYTES};
 use super::CheckpointReport;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::table::ReplayTable;
 use gear_core::{SlotMeta, SlotState};
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -72,23 +73,16 @@ fn take_snapshot(table: &ReplayTable) -> Result<(Snapshot, std::time::Duration)>
 /// Writes the checkpoint of `table` to `path`; see the module doc.
 pub(super) fn write_checkpoint(table: &ReplayTable, path: &Path) -> Result<CheckpointReport> {
     let started = Instant::now();
+    // Refused before the table is paused or anything is written.
+    files::check_replaceable(path).map_err(|e| problem(path, e.to_string()))?;
     let (mut snapshot, pause) = take_snapshot(table)?;
     // Sorted by insert (the copy's order is decided in `stream`).
     snapshot.slots.sort_unstable_by_key(|m| m.insert_seq);
-    let tmp = temporary_name(path)?;
-    let file = File::create(&tmp).map_err(format::io(&tmp, "create"))?;
-    let written = stream(table, &snapshot, file, &tmp).and_then(|counts| {
-        std::fs::rename(&tmp, path).map_err(format::io(path, "rename the finished file onto"))?;
-        sync_directory(path)?;
-        Ok(counts)
-    });
-    let (trajectories, data_bytes, file_bytes) = match written {
-        Ok(counts) => counts,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
+    let mut out = ReplacingFile::create(path).map_err(|e| problem(path, e.to_string()))?;
+    let tmp = out.path().to_owned();
+    // On an error `out` is dropped, which removes the temporary file.
+    let (trajectories, data_bytes, file_bytes) = stream(table, &snapshot, out.file(), &tmp)?;
+    out.commit().map_err(|e| problem(path, e.to_string()))?;
     Ok(CheckpointReport {
         path: path.to_owned(),
         trajectories,
@@ -100,28 +94,9 @@ pub(super) fn write_checkpoint(table: &ReplayTable, path: &Path) -> Result<Check
     })
 }
 
-/// `NAME.tmp.PID` next to `path`.
-fn temporary_name(path: &Path) -> Result<PathBuf> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::Checkpoint { path: path.to_owned(), problem: "the path names no file".into() })?;
-    let mut tmp = name.to_owned();
-    tmp.push(format!(".tmp.{}", std::process::id()));
-    Ok(path.with_file_name(tmp))
-}
-
-/// Fsyncs the directory holding `path`, so the rename is durable.
-fn sync_directory(path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir).and_then(|d| d.sync_all()).map_err(format::io(dir, "fsync the directory"))
-}
-
-/// Streams the snapshot's trajectories to `file` and fsyncs it. Returns
+/// Streams the snapshot's trajectories to `file` (the caller fsyncs it). Returns
 /// (trajectories, data bytes, file bytes).
-fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) -> Result<(u64, u64, u64)> {
+fn stream(table: &ReplayTable, snapshot: &Snapshot, file: &mut File, tmp: &Path) -> Result<(u64, u64, u64)> {
     let region = &table.shared.region;
     let layout = region.layout();
     let columns = layout.columns();
@@ -134,7 +109,7 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
     let werr = format::io(tmp, "write");
     let mut file_bytes = format::PREAMBLE_BYTES as u64;
     file.write_all(&format::preamble()).map_err(werr)?;
-    file_bytes += write_chunk(&mut file, Tag::Header, &snapshot.header).map_err(format::io(tmp, "write"))?;
+    file_bytes += write_chunk(file, Tag::Header, &snapshot.header).map_err(format::io(tmp, "write"))?;
     let (mut trajectories, mut data_bytes) = (0u64, 0u64);
     // Oldest first: under the default FIFO remover these are the next to
     // be evicted, so while the copy outpaces the writers it leaves out
@@ -158,7 +133,7 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
         }
         let bytes: usize = step_bytes.iter().map(|s| s * m.len as usize).sum();
         if used + RECORD_BYTES + bytes > buf.len() {
-            file_bytes += write_chunk(&mut file, Tag::Data, &buf[..used]).map_err(format::io(tmp, "write"))?;
+            file_bytes += write_chunk(file, Tag::Data, &buf[..used]).map_err(format::io(tmp, "write"))?;
             used = 0;
         }
         let start = used;
@@ -192,7 +167,7 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
         }
     }
     if used > 0 {
-        file_bytes += write_chunk(&mut file, Tag::Data, &buf[..used]).map_err(format::io(tmp, "write"))?;
+        file_bytes += write_chunk(file, Tag::Data, &buf[..used]).map_err(format::io(tmp, "write"))?;
     }
     drop(buf);
     for (role, name, state) in &snapshot.strategies {
@@ -200,12 +175,11 @@ fn stream(table: &ReplayTable, snapshot: &Snapshot, mut file: File, tmp: &Path) 
         payload.push(*role);
         put_string(&mut payload, name);
         payload.extend_from_slice(state);
-        file_bytes += write_chunk(&mut file, Tag::Strategy, &payload).map_err(format::io(tmp, "write"))?;
+        file_bytes += write_chunk(file, Tag::Strategy, &payload).map_err(format::io(tmp, "write"))?;
     }
     let mut end = [0u8; 16];
     end[..8].copy_from_slice(&trajectories.to_le_bytes());
     end[8..].copy_from_slice(&data_bytes.to_le_bytes());
-    file_bytes += write_chunk(&mut file, Tag::End, &end).map_err(format::io(tmp, "write"))?;
-    file.sync_all().map_err(format::io(tmp, "fsync"))?;
+    file_bytes += write_chunk(file, Tag::End, &end).map_err(format::io(tmp, "write"))?;
     Ok((trajectories, data_bytes, file_bytes))
 }
