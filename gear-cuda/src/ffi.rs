@@ -176,7 +176,7 @@ unsafe extern "C" fn run_host_fn(data: *mut std::ffi::c_void) {
     // the driver calls each callback exactly once.
     let f = unsafe { Box::from_raw(data.cast::<HostFn>()) };
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(*f)).is_err() {
-        eprintln!("gear-cuda: a host function queued on a stream panicked");
+        tracing::error!("gear-cuda: a host function queued on a stream panicked");
     }
 }
 

@@ -125,7 +125,7 @@ pub(crate) struct DeviceState {
 impl DeviceState {
     /// A worker found a misuse: keep it for the next call.
     fn report_from_worker(&self, message: String) {
-        eprintln!("gear cpu-device {}: misuse: {message}", self.id);
+        tracing::error!("gear cpu-device {}: misuse: {message}", self.id);
         self.tracker.lock().misuse.push(message);
         self.pending.store(true, Ordering::Release);
     }
@@ -219,7 +219,7 @@ fn raise_in_drop(state: &DeviceState, found: Vec<String>) {
         return;
     }
     for m in &found {
-        eprintln!("gear cpu-device {}: misuse: {m}", state.id);
+        tracing::error!("gear cpu-device {}: misuse: {m}", state.id);
     }
     match state.options.on_misuse {
         OnMisuse::Panic if !std::thread::panicking() => panic!("cpu-device misuse: {}", found.join("; ")),
@@ -427,7 +427,7 @@ impl CpuDevice {
             return Ok(());
         }
         for m in &found {
-            eprintln!("gear cpu-device {}: misuse: {m}", self.state.id);
+            tracing::error!("gear cpu-device {}: misuse: {m}", self.state.id);
         }
         match self.state.options.on_misuse {
             OnMisuse::Panic => panic!("cpu-device misuse: {}", found.join("; ")),
