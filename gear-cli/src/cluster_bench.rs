@@ -5,7 +5,7 @@
 
 use crate::bench::BenchConfig;
 use gear_api::{Error, Result};
-use gear_net::{ClusterClient, ClusterConfig, ClusterSample, DataPlane, RemoteTrajectory, WriteTarget};
+use gear_net::{BatchRows, ClusterClient, ClusterConfig, ClusterSample, DataPlane, RemoteTrajectory, WriteTarget};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -309,48 +309,59 @@ pub fn run_cluster_bench(
     let insert_cpu = cluster_cpu_seconds(&servers) - cpu_before.0 - tcp_insert_cpu;
 
     let request = ClusterSample { rows: c.batch as u64, window, columns: vec![] };
-    client.sample(&request).map_err(net)?;
+    // Each batch in flight has buffers of its own, reused every round, and
+    // the shards' replies are decoded straight into them: what a trainer's
+    // data loaders do (`sample_into`).
+    let in_flight = c.sampler_threads.max(1);
+    let sizes = client.column_bytes(&request).map_err(net)?;
+    let batch_bytes: u64 = sizes.iter().map(|&n| n as u64).sum();
+    let mut buffers: Vec<(Vec<Vec<u8>>, BatchRows)> =
+        (0..in_flight).map(|_| (sizes.iter().map(|&n| vec![0u8; n]).collect(), BatchRows::default())).collect();
+    let sample_into = |(columns, rows): &mut (Vec<Vec<u8>>, BatchRows)| -> gear_net::Result<()> {
+        let mut views: Vec<&mut [u8]> = columns.iter_mut().map(Vec::as_mut_slice).collect();
+        client.sample_into(&request, &mut views, rows)?;
+        if rows.lost.is_empty() {
+            Ok(())
+        } else {
+            Err(gear_net::Error::NoShard(format!("shards lost during the bench: {:?}", rows.lost)))
+        }
+    };
+    sample_into(&mut buffers[0]).map_err(net)?;
     let (mut sample_bytes, mut sample_secs, mut tcp_sample_secs) = (0u64, 0.0, 0.0);
     let cpu_before = (cluster_cpu_seconds(&servers), plain.cpu());
     progress.phase("remote sample (batches)", c.batches);
     // `--sampler-threads` batches at a time, each drawn by its own thread
     // through the one client; a round is timed from the first call to the
     // last reply, then the plain stream moves the round's bytes.
-    let in_flight = c.sampler_threads.max(1);
     let mut done = 0u64;
     while done < c.batches {
-        let k = (c.batches - done).min(in_flight);
+        let k = (c.batches - done).min(in_flight) as usize;
         let start = Instant::now();
-        let batches: Vec<_> = if k == 1 {
-            vec![client.sample(&request)]
+        if k == 1 {
+            sample_into(&mut buffers[0]).map_err(net)?;
         } else {
             std::thread::scope(|scope| {
-                let calls: Vec<_> = (0..k).map(|_| scope.spawn(|| client.sample(&request))).collect();
-                calls
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| Err(gear_net::Error::Config("a sampler thread panicked".into())))
-                    })
-                    .collect()
+                let calls: Vec<_> = buffers[..k].iter_mut().map(|b| scope.spawn(move || sample_into(b))).collect();
+                calls.into_iter().try_for_each(|h| {
+                    h.join().unwrap_or_else(|_| Err(gear_net::Error::Config("a sampler thread panicked".into())))
+                })
             })
-        };
-        sample_secs += start.elapsed().as_secs_f64();
-        let mut bytes = 0;
-        for b in batches {
-            let b = b.map_err(net)?;
-            if !b.lost.is_empty() {
-                return Err(Error::Config(format!("shards lost during the bench: {:?}", b.lost)));
-            }
-            bytes += b.columns.iter().map(|c| c.len() as u64).sum::<u64>();
+            .map_err(net)?;
         }
+        sample_secs += start.elapsed().as_secs_f64();
+        let bytes = batch_bytes * k as u64;
         tcp_sample_secs += plain.transfer(bytes)?;
         sample_bytes += bytes;
-        done += k;
+        done += k as u64;
         progress.tick(done);
     }
     progress.done();
     let tcp_sample_cpu = plain.cpu() - cpu_before.1;
     let sample_cpu = cluster_cpu_seconds(&servers) - cpu_before.0 - tcp_sample_cpu;
+    let data_plane = match client.data_plane_for(&request).map_err(net)? {
+        Some(kind) => format!("byte-range over {}", kind.name()),
+        None => "shard-gather".into(),
+    };
     drop(servers);
     drop(bench_dir);
     Ok(ClusterBenchReport {
@@ -365,10 +376,7 @@ pub fn run_cluster_bench(
         tcp_insert_cpu_s_per_gb: tcp_insert_cpu / (insert_bytes as f64 / 1e9),
         sample_cpu_s_per_gb: sample_cpu / (sample_bytes as f64 / 1e9),
         tcp_sample_cpu_s_per_gb: tcp_sample_cpu / (sample_bytes as f64 / 1e9),
-        data_plane: match client.data_plane_for(&request) {
-            Some(kind) => format!("byte-range over {}", kind.name()),
-            None => "shard-gather".into(),
-        },
+        data_plane,
         sample_batches_per_s: c.batches as f64 / sample_secs,
         batches_in_flight: in_flight,
     })

@@ -64,7 +64,7 @@ fn f16_of_integer(v: u16) -> u16 {
 /// `actors` writer threads and batches of `batch` rows.
 pub fn run(file: &Path, duration: Duration, actors: usize, batch: u64) -> Result<()> {
     let client = crate::cluster_config::connect(file)?;
-    let (spec, _) = client.spec(0).map_err(net)?;
+    let spec = client.spec(0).map_err(net)?.table;
     let t = spec.max_len();
     let window = t.min(16);
     println!(

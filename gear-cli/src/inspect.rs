@@ -148,10 +148,10 @@ fn print_waiting(i: &TableInfo) {
 
 fn inspect_cluster(file: &Path) -> Result<()> {
     let client = crate::cluster_config::connect(file)?;
-    let ask = |s| client.spec(s).and_then(|(spec, reply)| Ok((spec, reply, client.info(s)?)));
-    crate::cluster_config::each_shard(&client, ask, |s, (spec, reply, i)| {
-        println!("shard {s}: sampler {} (incarnation {:#x})", reply.sampler, i.incarnation);
-        print_spec(&spec);
+    let ask = |s| client.spec(s).and_then(|spec| Ok((spec, client.info(s)?)));
+    crate::cluster_config::each_shard(&client, ask, |s, (spec, i)| {
+        println!("shard {s}: sampler {} (incarnation {:#x})", spec.sampler, i.incarnation);
+        print_spec(&spec.table);
         println!(
             "fill: {}/{} trajectories; {} inserts, {} rows sampled, {} evicted",
             i.size, i.capacity, i.inserts, i.samples, i.evictions
@@ -212,7 +212,7 @@ pub fn sample(a: &SampleArgs) -> Result<()> {
 
 fn sample_cluster(file: &Path, a: &SampleArgs) -> Result<()> {
     let client = crate::cluster_config::connect(file)?;
-    let (spec, _) = client.spec(0).map_err(net)?;
+    let spec = client.spec(0).map_err(net)?.table;
     let window = a.window.unwrap_or(4).min(spec.max_len()).max(1);
     let names: Vec<String> = if a.columns.is_empty() {
         spec.columns().iter().map(|c| c.name().to_owned()).collect()

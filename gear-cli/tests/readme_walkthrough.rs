@@ -225,9 +225,15 @@ fn the_readme_multi_table_server_serves_what_its_section_says() {
     assert_eq!((value(&first), value(&second)), (3.0, 4.0));
     assert_eq!(queue.info(0).unwrap().size, 0, "max_times_sampled = 1: read once, then removed");
     // "a key of one table is stale on another".
-    assert_eq!(replay.update_priorities(&[(first.keys[0], 5.0)]).unwrap(), 0);
+    assert_eq!(
+        replay.update_priorities(&[(first.keys[0], 5.0)]).unwrap(),
+        gear_net::PriorityUpdates { applied: 0, stale: 1 }
+    );
     let batch = replay.sample(&ClusterSample { rows: 4, window: WindowSpec::last(2), columns: vec![] }).unwrap();
-    assert_eq!(replay.update_priorities(&[(batch.keys[0], 5.0)]).unwrap(), 1);
+    assert_eq!(
+        replay.update_priorities(&[(batch.keys[0], 5.0)]).unwrap(),
+        gear_net::PriorityUpdates { applied: 1, stale: 0 }
+    );
     // "a server with several refuses a call that names none, and an unknown
     // name, listing its tables".
     for name in ["", "nope"] {

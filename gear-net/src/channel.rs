@@ -10,15 +10,23 @@
 //! can advertise 16 MiB frames; over TLS it keeps tonic's channel.
 //!
 //! Either way a [`ShardChannel`] behaves like tonic's: connections open on
-//! first use and reopen after a failure (a restarted shard rejoins), every
-//! call has a deadline, and failures become statuses with the codes the
-//! client acts on (`Unavailable` for a shard that cannot be reached,
-//! `DeadlineExceeded` for a call that ran out of time).
+//! first use and reopen after a failure (a restarted shard rejoins), and
+//! failures become statuses with the codes the client acts on
+//! (`Unavailable` for a shard that cannot be reached or a connection that
+//! broke). Every connection sends HTTP/2 keepalive pings, idle or not, and
+//! closes when one goes unanswered for the ping timeout, so a connection to
+//! a frozen or partitioned shard does not outlive its silence; the calls on
+//! it then fail with `Unavailable`, and the next call connects anew.
+//!
+//! Deadlines are the client's: it puts each whole call (request, response
+//! headers, body and trailers) under one (`client::cluster`), since a
+//! deadline here could cover only the response headers, which a shard
+//! sends before it draws the batch.
 
 use crate::error::{Error, Result};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -44,28 +52,25 @@ pub(crate) struct ShardChannel {
 }
 
 #[derive(Clone, Debug)]
+// hyper's client is a few `Arc`s: cloning it per call (every call clones
+// its channel) must not allocate, so it is not boxed.
+#[allow(clippy::large_enum_variant)]
 enum Inner {
     /// Plain TCP through hyper's client, with large frames.
-    Plain { client: Box<Client<HttpConnector, BoxBody>>, authority: Authority, timeout: Duration },
-    /// TLS through tonic's channel (deadlines applied here, as for plain
-    /// TCP, so that an [`OpenEnded`] call can go without one).
-    Tonic { channel: Channel, timeout: Duration },
+    Plain { client: Client<HttpConnector, BoxBody>, authority: Authority },
+    /// TLS through tonic's channel.
+    Tonic(Channel),
 }
-
-/// Marks a call whose answer may come later than the call deadline: an
-/// insert stream kept open while an actor writes an episode step by step
-/// (`client::stream`). Its chunks are sent under deadlines of their own, and
-/// its answer is awaited under one after the last chunk.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct OpenEnded;
 
 /// Settings of a [`ShardChannel`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChannelSettings {
     /// Deadline of a connection attempt.
     pub connect_timeout: Duration,
-    /// Deadline of each call.
-    pub call_timeout: Duration,
+    /// How often a connection pings its shard (HTTP/2 PING), idle or not.
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
 }
 
 impl ShardChannel {
@@ -75,11 +80,14 @@ impl ShardChannel {
         if tls.is_some() {
             let channel = crate::tls::endpoint(addr, tls)?
                 .connect_timeout(settings.connect_timeout)
+                .http2_keep_alive_interval(settings.keepalive_interval)
+                .keep_alive_timeout(settings.keepalive_timeout)
+                .keep_alive_while_idle(true)
                 .tcp_nodelay(true)
                 .initial_stream_window_size(Some(STREAM_WINDOW_BYTES))
                 .initial_connection_window_size(Some(CONNECTION_WINDOW_BYTES))
                 .connect_lazy();
-            return Ok(ShardChannel { inner: Inner::Tonic { channel, timeout: settings.call_timeout } });
+            return Ok(ShardChannel { inner: Inner::Tonic(channel) });
         }
         let authority: Authority =
             addr.parse().map_err(|e| Error::Config(format!("shard address `{addr}` is not host:port: {e}")))?;
@@ -87,12 +95,16 @@ impl ShardChannel {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(settings.connect_timeout));
         let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
             .http2_only(true)
             .http2_max_frame_size(MAX_FRAME_BYTES)
             .http2_initial_stream_window_size(STREAM_WINDOW_BYTES)
             .http2_initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .http2_keep_alive_interval(settings.keepalive_interval)
+            .http2_keep_alive_timeout(settings.keepalive_timeout)
+            .http2_keep_alive_while_idle(true)
             .build(connector);
-        Ok(ShardChannel { inner: Inner::Plain { client: Box::new(client), authority, timeout: settings.call_timeout } })
+        Ok(ShardChannel { inner: Inner::Plain { client, authority } })
     }
 }
 
@@ -117,20 +129,6 @@ fn hyper_status(e: &hyper_util::client::legacy::Error) -> Status {
     }
 }
 
-/// `call` under the call deadline, unless it is open-ended.
-async fn within<T>(
-    timeout: Duration,
-    open_ended: bool,
-    call: impl Future<Output = T>,
-) -> std::result::Result<T, Status> {
-    if open_ended {
-        return Ok(call.await);
-    }
-    tokio::time::timeout(timeout, call)
-        .await
-        .map_err(|_| Status::deadline_exceeded(format!("no answer within {timeout:?}")))
-}
-
 impl Service<Request<BoxBody>> for ShardChannel {
     type Response = Response<BoxBody>;
     type Error = Status;
@@ -140,16 +138,15 @@ impl Service<Request<BoxBody>> for ShardChannel {
         match &mut self.inner {
             // hyper's pool connects inside the call.
             Inner::Plain { .. } => Poll::Ready(Ok(())),
-            Inner::Tonic { channel, .. } => {
+            Inner::Tonic(channel) => {
                 channel.poll_ready(cx).map_err(|e| Status::unavailable(format!("cannot connect: {e}")))
             }
         }
     }
 
     fn call(&mut self, mut request: Request<BoxBody>) -> Self::Future {
-        let open_ended = request.extensions().get::<OpenEnded>().is_some();
         match &mut self.inner {
-            Inner::Plain { client, authority, timeout } => {
+            Inner::Plain { client, authority } => {
                 let path = request.uri().path_and_query().cloned();
                 let uri = Uri::builder().scheme(Scheme::HTTP).authority(authority.clone());
                 let uri = match path {
@@ -164,25 +161,28 @@ impl Service<Request<BoxBody>> for ShardChannel {
                     }
                 }
                 let call = client.request(request);
-                let timeout = *timeout;
                 Box::pin(async move {
-                    match within(timeout, open_ended, call).await {
-                        Err(status) => Err(status),
-                        Ok(Err(e)) => Err(hyper_status(&e)),
-                        Ok(Ok(response)) => Ok(response.map(tonic::body::boxed)),
+                    match call.await {
+                        Err(e) => Err(hyper_status(&e)),
+                        Ok(response) => Ok(response.map(tonic::body::boxed)),
                     }
                 })
             }
-            Inner::Tonic { channel, timeout } => {
+            Inner::Tonic(channel) => {
                 let call = channel.call(request);
-                let timeout = *timeout;
-                Box::pin(async move {
-                    match within(timeout, open_ended, call).await {
-                        Err(status) => Err(status),
-                        Ok(result) => result.map_err(|e| Status::from_error(Box::new(e))),
-                    }
-                })
+                Box::pin(async move { call.await.map_err(|e| Status::from_error(Box::new(e))) })
             }
         }
+    }
+}
+
+impl ShardChannel {
+    /// Sends `request` (waiting until the channel is ready, as tower
+    /// services require) and returns the response once its headers came;
+    /// its body is read by the caller.
+    pub(crate) async fn send(&self, request: Request<BoxBody>) -> std::result::Result<Response<BoxBody>, Status> {
+        let mut channel = self.clone();
+        std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
+        channel.call(request).await
     }
 }

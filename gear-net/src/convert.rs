@@ -150,7 +150,7 @@ pub(crate) fn sample_shape(spec: &TableSpec, req: &SampleRequest) -> Result<(Win
 }
 
 /// The table spec a shard describes, checked as a local spec is.
-pub fn spec_from_proto(reply: &proto::SpecReply) -> crate::Result<TableSpec> {
+pub(crate) fn spec_from_proto(reply: &proto::SpecReply) -> crate::Result<TableSpec> {
     let columns = reply
         .columns
         .iter()

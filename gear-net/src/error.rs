@@ -48,6 +48,13 @@ pub enum Error {
         /// Why the rest failed.
         source: Box<Error>,
     },
+    /// The blocking `ClusterClient` was called on a thread inside a tokio
+    /// runtime, where blocking would stall the runtime.
+    #[error(
+        "the blocking ClusterClient was called inside a tokio runtime, where it would block the runtime; \
+         use AsyncClusterClient (ClusterClient::as_async) in async code"
+    )]
+    InsideRuntime,
     /// An I/O error (sockets, runtime).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),

@@ -10,17 +10,21 @@
 //!   priority updates, streamed remote inserts, info, health, the list of
 //!   tables;
 //! * [`metrics`]: the server's Prometheus metrics and their HTTP endpoint;
-//! * [`client`]: [`ClusterClient`], which samples across shards with one
-//!   table's distribution, routes priority updates to the owning shard,
-//!   spreads writers, and leaves out (and reports) shards that fail;
+//! * [`client`]: [`AsyncClusterClient`] (and [`ClusterClient`], a blocking
+//!   wrapper over it), which samples one table across shards with one
+//!   table's distribution (into the caller's buffers if asked), routes
+//!   priority updates to the owning shard, spreads writers (whole
+//!   trajectories, or one streamed while it is written), and leaves out
+//!   (and reports) shards that fail;
 //! * [`cluster_file`]: the cluster file (TOML) trainers and actors read;
 //! * [`auth`]: the cluster token every call carries;
 //! * [`tls`]: TLS (and mutual TLS) when the configs name certificates;
 //! * [`rdma_settings`]: which RDMA device port the data plane opens.
 //!
-//! Contract: nothing received from the network can panic a server; every
-//! field is checked before use ([`convert`]), every client call has a
-//! deadline.
+//! Contract: nothing received from the network can panic a server or a
+//! client; every field is checked before use ([`convert`], the client's
+//! reply decoder), every client call has a deadline that covers the last
+//! byte of its reply.
 
 #![warn(missing_docs)]
 // tonic fixes the error type of every handler as `Status` (176 bytes); the
@@ -52,8 +56,9 @@ pub mod proto {
 }
 
 pub use client::{
-    ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard, RemoteKey, RemoteTrajectory,
-    ShardTables, TableStatus, TrajectoryStream, WriteTarget,
+    AsyncClusterClient, BatchRows, ClusterBatch, ClusterClient, ClusterConfig, ClusterSample, DataPlane, LostShard,
+    PriorityUpdates, RemoteKey, RemoteTrajectory, ShardInfo, ShardSpec, ShardTables, TableStatus, TrajectoryStream,
+    WriteTarget,
 };
 pub use error::{Error, Result};
 pub use metrics::{MetricsConfig, MetricsServer};

@@ -85,7 +85,7 @@ fn priority_updates_through_the_client_split_its_next_batch_at_once() {
     keys.dedup();
     assert_eq!(keys.len(), 8, "200 rows drew every item of shard 0");
     let updates: Vec<_> = keys.iter().map(|&k| (k, 1e-9)).collect();
-    assert_eq!(cluster.update_priorities(&updates).unwrap(), 8);
+    assert_eq!(cluster.update_priorities(&updates).unwrap(), gear_net::PriorityUpdates { applied: 8, stale: 0 });
     let next = sample(&cluster);
     assert!(rows_from(&next, 0) <= 1, "{} rows still came from the shard whose mass fell", rows_from(&next, 0));
     for (r, p) in next.probabilities.iter().enumerate() {

@@ -10,6 +10,7 @@
 //!
 //! Every test runs under a deadline: a hang aborts the process.
 
+#[allow(dead_code)] // each suite uses part of the shared helpers
 mod common;
 
 use common::{check_rows, insert, recycled_tables, recycling_writers, sample_through_churn, spec};
@@ -23,28 +24,13 @@ use gear_rdma::verbs::{CompletionStatus, PortAttributes};
 use gear_rdma::{InProcessFabric, InProcessVerbs, RdmaConfig, RdmaServer, RdmaServerConfig, RdmaTransport};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
 const TOKEN: &str = "rdma-in-process-token-0123456789";
 
-/// Runs `body` on its own thread; aborts the process if it has not
-/// finished after `seconds` (a hang must fail, not stall CI), and passes a
-/// panic on.
 fn within(seconds: u64, body: impl FnOnce() + Send + 'static) {
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        body();
-        let _ = done.send(());
-    });
-    if let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_secs(seconds)) {
-        eprintln!("rdma_in_process: a test ran past its {seconds} s deadline");
-        std::process::abort();
-    }
-    if let Err(panic) = worker.join() {
-        std::panic::resume_unwind(panic);
-    }
+    common::within("rdma_in_process", seconds, body);
 }
 
 /// The GID of node `n` (fe80::n).
@@ -198,7 +184,7 @@ fn auto_reads_every_row_over_in_process_rdma() {
     within(60, || {
         let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
         let first = ClusterSample { rows: 64, window: WindowSpec::last(4), columns: vec![] };
-        assert_eq!(cluster.data_plane_for(&first), Some(TransportKind::Rdma));
+        assert_eq!(cluster.data_plane_for(&first).unwrap(), Some(TransportKind::Rdma));
         for window in [WindowSpec::last(4), WindowSpec::first(3), WindowSpec { offset: 1, len: 5, pad: Pad::Tail }] {
             let batch = cluster.sample(&ClusterSample { rows: 64, window, columns: vec![] }).unwrap();
             assert!(batch.lost.is_empty(), "{:?}", batch.lost);
@@ -312,7 +298,7 @@ fn a_shard_without_rdma_is_gathered_not_lost() {
         let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let window = WindowSpec::last(4);
         let request = ClusterSample { rows: 48, window, columns: vec![] };
-        assert_eq!(cluster.data_plane_for(&request), Some(TransportKind::Rdma));
+        assert_eq!(cluster.data_plane_for(&request).unwrap(), Some(TransportKind::Rdma));
         let mut from_shard_1 = 0u64;
         let mut wasted = None;
         for round in 0..6 {
@@ -418,10 +404,10 @@ fn a_batch_buffer_that_cannot_be_pinned_is_gathered_by_the_shards() {
             check_layout(&batch, window, 256);
             assert_eq!(shards_of(&batch), vec![0, 1, 2]);
         }
-        assert_eq!(cluster.data_plane_for(&large), None, "the shards gather what cannot be pinned");
+        assert_eq!(cluster.data_plane_for(&large).unwrap(), None, "the shards gather what cannot be pinned");
         // A batch whose buffer fits is read over RDMA.
         let small = ClusterSample { rows: 48, window, columns: vec![] };
-        assert_eq!(cluster.data_plane_for(&small), Some(TransportKind::Rdma));
+        assert_eq!(cluster.data_plane_for(&small).unwrap(), Some(TransportKind::Rdma));
         fabric.clear_posted_chains();
         let batch = cluster.sample(&small).unwrap();
         assert!(batch.lost.is_empty(), "{:?}", batch.lost);

@@ -137,9 +137,10 @@ fn a_prioritized_table_and_a_queue_keep_their_own_distribution_and_order() {
     queue.insert(WriteTarget::Shard(0), vec![trajectory(120, 1, None)], 0).unwrap();
     let queue_key = queue.sample(&ClusterSample { rows: 1, window, columns: vec![] }).unwrap().keys[0];
     assert_ne!(queue_key.incarnation, replay_keys[0].incarnation, "each table has its own incarnation");
-    assert_eq!(replay.update_priorities(&[(queue_key, 50.0)]).unwrap(), 0, "another table's key is stale");
+    let stale = replay.update_priorities(&[(queue_key, 50.0)]).unwrap();
+    assert_eq!((stale.applied, stale.stale), (0, 1), "another table's key is stale");
     let updates: Vec<_> = replay_keys.iter().map(|&k| (k, 1.0)).collect();
-    assert_eq!(replay.update_priorities(&updates).unwrap(), updates.len() as u64);
+    assert_eq!(replay.update_priorities(&updates).unwrap().applied, updates.len() as u64);
     // The replay table's mass is the updated priorities' and the others'.
     let expected: f64 = (1..=8i64).map(|id| if replay_ids.contains(&id) { 1.0 } else { id as f64 }).sum();
     let mass = replay_table.selection_mass().unwrap().unwrap();

@@ -124,7 +124,7 @@ fn a_shard_replying_other_shapes_than_the_spec_is_malformed_not_a_panic() {
         for _ in 0..5 {
             match client.sample(&request) {
                 Err(Error::Malformed { shard: 1, what }) => {
-                    assert!(what.contains("differ from the [8, 3] of the table's spec"), "{tamper:?}: {what}")
+                    assert!(what.contains("bytes per row [8, 3] of the table's spec"), "{tamper:?}: {what}")
                 }
                 other => panic!("{tamper:?}: expected shard 1's reply refused, got {other:?}"),
             }

@@ -81,7 +81,7 @@ fn a_stream_failing_part_way_reports_the_committed_keys() {
         assert_eq!(cluster.info(0).unwrap().size, before + 2);
         // The reported keys are live keys of the shard.
         let updates: Vec<_> = committed.iter().map(|&(_, k)| (k, 2.0)).collect();
-        assert_eq!(cluster.update_priorities(&updates).unwrap(), 2);
+        assert_eq!(cluster.update_priorities(&updates).unwrap().applied, 2);
     }
     assert_eq!(ids_on(&cluster, 0), HashSet::from([1, 2]));
     // Nothing committed: the plain error.

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import gear
-from conftest import TOKEN, run_child
+from conftest import TOKEN, require, run_child
 
 OBS = 48
 MAX_LEN = 16
@@ -128,6 +128,63 @@ def test_sample_into_arrays_and_output_spec(local_cluster):
     assert (out["t"] == np.arange(1, 5)).all()
     with pytest.raises(gear.StepError, match="shape"):
         sampler.sample_into({"obs": np.zeros((8, 3, OBS), np.uint8), "t": np.zeros((8, 4), np.int32)})
+
+
+def check_into(batch, out, garbage: int) -> None:
+    """`batch` is `out` filled: every valid step exact (check_rows), every
+    padded step zero (none of the garbage the buffers held is left)."""
+    assert all(batch[name] is out[name] for name in out)
+    view = {name: np.asarray(out[name]) for name in out}
+
+    class Filled:
+        def __getitem__(self, name):
+            return view[name]
+
+        def __getattr__(self, name):
+            return getattr(batch, name)
+
+    assert check_rows(Filled()) == view["id"].shape[0]
+    pad = ~np.asarray(batch.mask)
+    for name, column in view.items():
+        assert not (column[pad] == np.array(garbage).astype(column.dtype)).any(), name
+        assert (column[pad] == 0).all(), name
+
+
+def test_sample_into_decodes_exact_rows_into_the_same_buffers_batch_after_batch(local_cluster):
+    lc = local_cluster()
+    cluster = gear.Cluster(lc.addrs, TOKEN)
+    for tid in range(30):
+        write(cluster, tid, 1 + tid % MAX_LEN, chunk_steps=4)
+    sampler = cluster.sampler(32, window=8)
+    garbage = 0xAB
+    out = {"id": np.full((32, 8), garbage, np.int64), "t": np.full((32, 8), garbage, np.int32),
+           "obs": np.full((32, 8, OBS), garbage, np.uint8)}
+    addresses = {name: a.ctypes.data for name, a in out.items()}
+    seen = set()
+    for i in range(12):
+        batch = sampler.sample_into(out)
+        # The same memory every batch: decoded into, never replaced.
+        assert {name: a.ctypes.data for name, a in out.items()} == addresses
+        assert batch["obs"].ctypes.data == addresses["obs"] and batch.buffer is None
+        check_into(batch, out, garbage)
+        assert batch.lost == [] and len(batch.keys) == 32
+        assert (batch.weights > 0).all() and (batch.weights <= 1).all()
+        seen |= set(batch.keys["shard"].tolist())
+        for a in out.values():
+            a.fill(garbage)  # what the next batch must overwrite
+    assert seen == {0, 1, 2}
+
+    torch = require("torch")
+    tensors = {"id": torch.full((32, 8), garbage, dtype=torch.int64),
+               "t": torch.full((32, 8), garbage, dtype=torch.int32),
+               "obs": torch.full((32, 8, OBS), garbage, dtype=torch.uint8)}
+    pointers = {name: t.data_ptr() for name, t in tensors.items()}
+    for _ in range(6):
+        batch = sampler.sample_into(tensors)
+        assert {name: t.data_ptr() for name, t in tensors.items()} == pointers
+        check_into(batch, tensors, garbage)
+        for t in tensors.values():
+            t.fill_(garbage)
 
 
 def test_global_prioritized_distribution_chi_square(local_cluster):

@@ -1,29 +1,33 @@
-//! A gathered batch put together from the shards' replies as they arrive.
+//! A gathered batch put together in the caller's column buffers as the
+//! shards' replies arrive.
 //!
-//! Each shard's block of rows is copied into the batch's column buffers
-//! the moment its reply is decoded, while the other shards' replies are
-//! still on the wire, instead of in one pass after the last reply (a pass
-//! during which the shards and the network sat idle). A block goes to the
-//! rows the split gave its shard, so a batch's row order is the split's
-//! (shard order, then the shards drawn again after a loss) whatever order
-//! the replies come in. A shard that failed leaves a hole;
-//! [`Assembly::close_holes`] moves the blocks after it down before the
-//! next round's blocks are placed after them.
+//! Each round of a cross-shard draw gives every shard a block of rows: the
+//! blocks follow the rows already placed, in shard order, so a batch's row
+//! order is the split's (shard order, then the shards drawn again after a
+//! loss) whatever order the replies come in. Every block gets a
+//! [`RowsMut`], a view of its own rows of every column, and the reply
+//! decoder (`wire`) copies the shard's bytes into it straight from the
+//! DATA frames, while the other shards' replies are still on the wire. A
+//! shard that fails leaves a hole; [`Assembly::close_holes`] moves the
+//! blocks after it down, in the caller's buffers, before the next round's
+//! blocks are added after them.
 //!
-//! Everything about a block comes from the network and is checked before a
-//! byte is copied: its rows lie inside the batch and overlap no other
-//! block, and each requested column holds exactly its rows at the bytes
-//! per row the table's spec gives the request (or, when the client could
-//! not get the spec, at the first block's).
+//! The blocks of one round are written at once by the replies' futures, so
+//! each view holds raw pointers into the caller's buffers: the blocks'
+//! rows are disjoint by construction (each is added after the last), a
+//! view exists only while [`Assembly::targets`] holds the assembly's
+//! unique borrow, and every write through a view is bounds-checked against
+//! its block.
 
 use super::ClusterSample;
-use bytes::Bytes;
 use gear_core::TableSpec;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 /// Bytes of one row of each column `request` names (all, in the spec's
 /// order, when it names none): `window.len` steps of the column. `None`
-/// when the request is not valid for `spec` (the shards refuse it then).
-pub(super) fn row_bytes(spec: &TableSpec, request: &ClusterSample) -> Option<Vec<usize>> {
+/// when the request is not valid for `spec`.
+pub(crate) fn row_bytes(spec: &TableSpec, request: &ClusterSample) -> Option<Vec<usize>> {
     request.window.validate(spec.max_len()).ok()?;
     let columns: Vec<usize> = if request.columns.is_empty() {
         (0..spec.columns().len()).collect()
@@ -39,114 +43,141 @@ pub(super) fn row_bytes(spec: &TableSpec, request: &ClusterSample) -> Option<Vec
         .collect()
 }
 
-/// One shard's rows placed in the batch, with what the caller keeps about
-/// them (`M`: the reply's per-row fields).
-#[derive(Debug)]
-struct Block<M> {
-    /// First row of the block.
-    start: usize,
-    /// Rows in the block.
-    rows: usize,
-    meta: M,
+/// The first byte of one of the caller's column buffers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ColumnBase(*mut MaybeUninit<u8>);
+
+// SAFETY: a `ColumnBase` is only written through an `Assembly` (which holds
+// the unique borrow of the buffer it points into for as long as the bases
+// are used) and the `RowsMut` views it hands out, each to rows no other view
+// covers; sending or sharing the address itself is harmless.
+unsafe impl Send for ColumnBase {}
+// SAFETY: as for `Send`: shared `ColumnBase`s are only read (copied).
+unsafe impl Sync for ColumnBase {}
+
+/// Where a block is in its round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockState {
+    /// Added this round; its reply is still to come.
+    Pending,
+    /// Its reply was decoded whole: every byte of its rows is written.
+    Done,
+    /// Its shard failed: its rows are a hole.
+    Failed,
 }
 
-/// The column buffers of one batch, filled block by block in any order.
-#[derive(Debug)]
-pub(super) struct Assembly<M> {
+/// One shard's rows in the batch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block {
+    /// First row.
+    start: usize,
+    /// Rows.
+    rows: usize,
+    /// The caller's name for the block (which reply it is).
+    tag: usize,
+    state: BlockState,
+}
+
+/// The caller's column buffers of one batch, filled block by block.
+pub(crate) struct Assembly<'a> {
     /// Rows the batch holds when every block is in.
     rows: usize,
-    /// Bytes of one row of each column: from the spec, else fixed by the
-    /// first block (`None` until then).
-    row_bytes: Option<Vec<usize>>,
-    /// Where `row_bytes` came from, for errors.
-    expected_from: &'static str,
-    /// Per column: capacity for `rows` rows, length 0 until
-    /// [`Assembly::finish`]. Invariant: the bytes of every placed block's
-    /// rows are initialised.
-    columns: Vec<Vec<u8>>,
-    /// Placed blocks: disjoint, in no particular order.
-    blocks: Vec<Block<M>>,
+    /// Bytes of one row of each column.
+    row_bytes: &'a [usize],
+    /// Each column buffer's first byte. Invariant: buffer `c` holds at
+    /// least `rows * row_bytes[c]` bytes, and the bytes of every `Done`
+    /// block's rows are initialised.
+    bases: &'a mut Vec<ColumnBase>,
+    /// The blocks, in row order; rows `0..end` are covered with no gap
+    /// once the holes are closed.
+    blocks: &'a mut Vec<Block>,
+    /// The unique borrow of the caller's buffers the bases point into.
+    _buffers: PhantomData<&'a mut [MaybeUninit<u8>]>,
 }
 
-impl<M> Assembly<M> {
-    /// An empty batch of `rows` rows whose columns hold `row_bytes` bytes
-    /// per row; `None`: as many as the first block's.
-    pub(super) fn new(rows: usize, row_bytes: Option<Vec<usize>>) -> Self {
-        let expected_from = if row_bytes.is_some() { "the table's spec" } else { "the first shard's reply" };
-        Assembly { rows, row_bytes, expected_from, columns: Vec::new(), blocks: Vec::new() }
-    }
-
-    /// Rows placed so far.
-    pub(super) fn placed(&self) -> usize {
-        self.blocks.iter().map(|b| b.rows).sum()
-    }
-
-    /// Copies `rows` rows, whose column `c` is `columns[c]`, to rows
-    /// `start..start + rows` of the batch. Refuses (with what was wrong)
-    /// a block outside the batch, over another block, or with other bytes
-    /// per row than expected; a refused block leaves the batch as it was.
-    pub(super) fn place(
-        &mut self,
-        start: usize,
+impl<'a> Assembly<'a> {
+    /// An empty batch of `rows` rows in `columns` (column `c` holds
+    /// `row_bytes[c]` bytes a row and may be longer than the batch needs).
+    /// `bases` and `blocks` are scratch space kept between batches.
+    pub(crate) fn new(
+        columns: &'a mut [&mut [MaybeUninit<u8>]],
+        row_bytes: &'a [usize],
         rows: usize,
-        columns: &[Bytes],
-        meta: M,
-    ) -> std::result::Result<(), String> {
-        let end = start.checked_add(rows).filter(|&e| e <= self.rows && rows > 0);
-        let Some(end) = end else {
-            return Err(format!("rows {start}..+{rows} do not lie in a batch of {} rows", self.rows));
-        };
-        if let Some(b) = self.blocks.iter().find(|b| start < b.start + b.rows && b.start < end) {
-            return Err(format!("rows {start}..{end} overlap rows {}..{} already placed", b.start, b.start + b.rows));
+        bases: &'a mut Vec<ColumnBase>,
+        blocks: &'a mut Vec<Block>,
+    ) -> Result<Self, String> {
+        if columns.len() != row_bytes.len() {
+            return Err(format!("{} column buffers for the {} columns requested", columns.len(), row_bytes.len()));
         }
-        if columns.iter().any(|c| c.len() % rows != 0) {
-            return Err("a column buffer is not a whole number of rows".into());
-        }
-        let got: Vec<usize> = columns.iter().map(|c| c.len() / rows).collect();
-        if let Some(expected) = &self.row_bytes {
-            if got != *expected {
+        for (c, (buf, &rb)) in columns.iter().zip(row_bytes).enumerate() {
+            let need = rb.checked_mul(rows).ok_or_else(|| format!("column {c}: the batch's size overflows"))?;
+            if buf.len() < need {
                 return Err(format!(
-                    "bytes per row of each column {got:?} differ from the {expected:?} of {}",
-                    self.expected_from
+                    "column {c}: a buffer of {} bytes for {rows} rows of {rb} bytes ({need} bytes)",
+                    buf.len()
                 ));
             }
         }
-        if self.columns.len() != got.len() {
-            self.columns = allocate(self.rows, &got)?;
+        bases.clear();
+        bases.extend(columns.iter_mut().map(|c| ColumnBase(c.as_mut_ptr())));
+        blocks.clear();
+        Ok(Assembly { rows, row_bytes, bases, blocks, _buffers: PhantomData })
+    }
+
+    /// Rows covered by blocks (placed, or pending this round).
+    fn end(&self) -> usize {
+        self.blocks.last().map_or(0, |b| b.start + b.rows)
+    }
+
+    /// Rows placed (decoded whole) so far.
+    #[cfg(test)]
+    pub(crate) fn placed(&self) -> usize {
+        self.blocks.iter().filter(|b| b.state == BlockState::Done).map(|b| b.rows).sum()
+    }
+
+    /// Adds a block of `rows` rows after the last, for this round, named
+    /// `tag`. Refused past the batch's end.
+    pub(crate) fn add_block(&mut self, tag: usize, rows: usize) -> Result<(), String> {
+        let start = self.end();
+        if rows == 0 || start.checked_add(rows).is_none_or(|e| e > self.rows) {
+            return Err(format!("rows {start}..+{rows} do not lie in a batch of {} rows", self.rows));
         }
-        let row_bytes = self.row_bytes.get_or_insert(got);
-        for ((buf, src), &rb) in self.columns.iter_mut().zip(columns).zip(row_bytes.iter()) {
-            let at = start * rb;
-            debug_assert!(at + src.len() <= buf.capacity());
-            // SAFETY: `buf` has capacity for `self.rows * rb` bytes
-            // (`allocate`) and `end <= self.rows`, so `[at, at + rows * rb)`
-            // lies inside it; `src` is another allocation. The range is
-            // disjoint from every placed block's (checked above), so no
-            // initialised byte another block owns is overwritten.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), buf.as_mut_ptr().add(at), src.len()) };
-        }
-        self.blocks.push(Block { start, rows, meta });
+        self.blocks.push(Block { start, rows, tag, state: BlockState::Pending });
         Ok(())
     }
 
-    /// Moves the blocks down over the holes failed shards left, so the
-    /// placed rows are `0..placed()`, in the order of their starts.
-    pub(super) fn close_holes(&mut self) {
-        self.blocks.sort_by_key(|b| b.start);
+    /// The pending blocks' tags and views, one each: the round's targets.
+    pub(crate) fn targets(&mut self) -> impl Iterator<Item = (usize, RowsMut<'_>)> + '_ {
+        let (bases, row_bytes) = (&self.bases[..], self.row_bytes);
+        self.blocks
+            .iter()
+            .filter(|b| b.state == BlockState::Pending)
+            .map(move |b| (b.tag, RowsMut { bases, row_bytes, start: b.start, rows: b.rows, _rows: PhantomData }))
+    }
+
+    /// Records how the pending block named `tag` ended: `done` when its
+    /// reply was decoded whole (every byte of its rows written).
+    pub(crate) fn settle(&mut self, tag: usize, done: bool) {
+        if let Some(b) = self.blocks.iter_mut().find(|b| b.tag == tag && b.state == BlockState::Pending) {
+            b.state = if done { BlockState::Done } else { BlockState::Failed };
+        }
+    }
+
+    /// Ends the round: blocks not settled done are dropped and the blocks
+    /// after each hole move down, so the placed rows are `0..placed()`.
+    pub(crate) fn close_holes(&mut self) {
+        self.blocks.retain(|b| b.state == BlockState::Done);
         let mut next = 0;
-        for b in &mut self.blocks {
+        for b in self.blocks.iter_mut() {
             if b.start != next {
-                for (buf, &rb) in self.columns.iter_mut().zip(self.row_bytes.as_deref().unwrap_or_default()) {
-                    // SAFETY: both ranges lie in `buf`'s capacity (`start +
+                for (base, &rb) in self.bases.iter().zip(self.row_bytes) {
+                    // SAFETY: both ranges lie in the column buffer (`start +
                     // rows <= self.rows` was checked when the block was
-                    // placed, and `next <= start`); the source is the
-                    // block's initialised bytes. `ptr::copy` allows the
-                    // ranges to overlap. The destination overlaps no block
-                    // still to be read: those start at or after `b.start`.
-                    unsafe {
-                        let base = buf.as_mut_ptr();
-                        std::ptr::copy(base.add(b.start * rb), base.add(next * rb), b.rows * rb);
-                    }
+                    // added, `next <= start`, and the buffer holds `rows *
+                    // rb` bytes); the source is the block's initialised
+                    // bytes (it is done). `ptr::copy` allows overlap. No
+                    // view is alive (`targets` borrows `self` mutably).
+                    unsafe { std::ptr::copy(base.0.add(b.start * rb), base.0.add(next * rb), b.rows * rb) };
                 }
                 b.start = next;
             }
@@ -154,32 +185,63 @@ impl<M> Assembly<M> {
         }
     }
 
-    /// The column buffers holding rows `0..placed()`, and each block's
-    /// `meta` in row order.
-    pub(super) fn finish(mut self) -> (Vec<Vec<u8>>, Vec<M>) {
-        self.close_holes();
-        let placed = self.placed();
-        for (buf, &rb) in self.columns.iter_mut().zip(self.row_bytes.as_deref().unwrap_or_default()) {
-            // SAFETY: after `close_holes` the blocks cover rows
-            // `0..placed` with no gap, and their bytes are initialised (the
-            // field invariant); `placed * rb` is within the capacity.
-            unsafe { buf.set_len(placed * rb) };
-        }
-        (self.columns, self.blocks.into_iter().map(|b| b.meta).collect())
+    /// The tags of the placed blocks and their rows, in row order (after
+    /// [`Assembly::close_holes`]).
+    pub(crate) fn placed_blocks(&self) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + '_ {
+        self.blocks.iter().filter(|b| b.state == BlockState::Done).map(|b| (b.tag, b.start..b.start + b.rows))
     }
 }
 
-/// Column buffers with capacity for `rows` rows of `row_bytes`; a batch
-/// too large to allocate is an error, not an abort.
-fn allocate(rows: usize, row_bytes: &[usize]) -> std::result::Result<Vec<Vec<u8>>, String> {
-    let mut columns = Vec::with_capacity(row_bytes.len());
-    for &rb in row_bytes {
-        let mut buf = Vec::new();
-        let len = rb.checked_mul(rows).ok_or_else(|| "the batch's size overflows".to_string())?;
-        buf.try_reserve_exact(len).map_err(|e| format!("a batch column of {len} bytes: {e}"))?;
-        columns.push(buf);
+/// One block's rows of every column: where its shard's reply is decoded.
+pub(crate) struct RowsMut<'v> {
+    bases: &'v [ColumnBase],
+    row_bytes: &'v [usize],
+    start: usize,
+    rows: usize,
+    /// A view is the only writer of its rows while it lives.
+    _rows: PhantomData<&'v mut [MaybeUninit<u8>]>,
+}
+
+impl RowsMut<'_> {
+    /// Rows of the block.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
     }
-    Ok(columns)
+
+    /// Columns.
+    pub(crate) fn columns(&self) -> usize {
+        self.bases.len()
+    }
+
+    /// Bytes of one row of each column.
+    pub(crate) fn row_bytes(&self) -> &[usize] {
+        self.row_bytes
+    }
+
+    /// Bytes of the block's rows of column `c` (0 for no such column).
+    pub(crate) fn column_len(&self, c: usize) -> usize {
+        self.row_bytes.get(c).map_or(0, |&rb| rb * self.rows)
+    }
+
+    /// Copies `bytes` to byte `at` of the block's rows of column `c`;
+    /// refused if that runs past them.
+    pub(crate) fn write(&mut self, c: usize, at: usize, bytes: &[u8]) -> Result<(), String> {
+        let len = self.column_len(c);
+        if c >= self.bases.len() || at.checked_add(bytes.len()).is_none_or(|e| e > len) {
+            return Err(format!("{} bytes at byte {at} of column {c}, whose block holds {len}", bytes.len()));
+        }
+        let first = self.start * self.row_bytes[c];
+        // SAFETY: `first + at + bytes.len() <= (start + rows) * rb`, within
+        // the column buffer (`Assembly::new` checked it holds the batch's
+        // rows, `add_block` that the block lies in the batch); the block's
+        // rows are written through this view only (module doc); `bytes` is
+        // another allocation (a received frame).
+        unsafe {
+            let dst = self.bases[c].0.add(first + at).cast::<u8>();
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -187,106 +249,133 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Column `c` of row `r` of block `b`: `bytes[c]` bytes of one value.
-    fn block(first_row: usize, rows: usize, bytes: &[usize]) -> Vec<Bytes> {
-        bytes
-            .iter()
-            .enumerate()
-            .map(|(c, &n)| {
-                let v: Vec<u8> = (first_row..first_row + rows)
-                    .flat_map(|r| std::iter::repeat_n((r * 7 + c * 31 + 1) as u8, n))
-                    .collect();
-                Bytes::from(v)
-            })
-            .collect()
+    /// Column `c` of row `r` of a block drawn as `draw`: `bytes[c]` bytes.
+    fn row_value(draw: usize, r: usize, c: usize) -> u8 {
+        (draw * 37 + r * 7 + c * 31 + 1) as u8
+    }
+
+    fn fill(view: &mut RowsMut<'_>, draw: usize) {
+        for c in 0..view.columns() {
+            let rb = view.row_bytes()[c];
+            for r in 0..view.rows() {
+                view.write(c, r * rb, &vec![row_value(draw, r, c); rb]).unwrap();
+            }
+        }
     }
 
     proptest! {
-        /// Blocks placed in any order, some of them then failing (never
-        /// placed), come out in split order with the holes closed.
+        /// Blocks settled in any order, some failing, come out in split
+        /// order with the holes closed, in the caller's buffers.
         #[test]
         fn blocks_in_any_order_come_out_in_split_order(
             sizes in prop::collection::vec(1usize..6, 1..6),
-            bytes in prop::collection::vec(0usize..9, 1..4),
+            bytes in prop::collection::vec(1usize..9, 1..4),
             order in any::<prop::sample::Index>(),
             lost in prop::collection::vec(any::<bool>(), 6),
         ) {
             let total: usize = sizes.iter().sum();
-            let mut starts = Vec::new();
-            let mut at = 0;
-            for &n in &sizes {
-                starts.push(at);
-                at += n;
+            let mut buffers: Vec<Vec<MaybeUninit<u8>>> =
+                bytes.iter().map(|&b| vec![MaybeUninit::new(0xEE); b * total + 3]).collect();
+            let mut views: Vec<&mut [MaybeUninit<u8>]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+            let (mut bases, mut blocks) = (Vec::new(), Vec::new());
+            let mut a = Assembly::new(&mut views, &bytes, total, &mut bases, &mut blocks).unwrap();
+            for (i, &n) in sizes.iter().enumerate() {
+                a.add_block(i, n).unwrap();
             }
             let mut ids: Vec<usize> = (0..sizes.len()).collect();
             ids.rotate_left(order.index(sizes.len()));
-            let mut a = Assembly::new(total, None);
-            for &i in &ids {
-                if !lost[i] {
-                    a.place(starts[i], sizes[i], &block(starts[i], sizes[i], &bytes), i).unwrap();
+            {
+                let mut targets: Vec<(usize, RowsMut<'_>)> = a.targets().collect();
+                for &i in &ids {
+                    if !lost[i] {
+                        fill(&mut targets[i].1, i);
+                    }
                 }
             }
+            for &i in &ids {
+                a.settle(i, !lost[i]);
+            }
+            a.close_holes();
             let kept: Vec<usize> = (0..sizes.len()).filter(|&i| !lost[i]).collect();
             prop_assert_eq!(a.placed(), kept.iter().map(|&i| sizes[i]).sum::<usize>());
-            let (columns, metas) = a.finish();
-            prop_assert_eq!(&metas, &kept);
-            if kept.is_empty() {
-                prop_assert!(columns.iter().all(Vec::is_empty));
-            } else {
-                for (c, col) in columns.iter().enumerate() {
-                    let want: Vec<u8> = kept.iter().flat_map(|&i| block(starts[i], sizes[i], &bytes)[c].to_vec()).collect();
-                    prop_assert_eq!(col, &want);
-                }
+            let order: Vec<usize> = a.placed_blocks().map(|(t, _)| t).collect();
+            prop_assert_eq!(&order, &kept);
+            let placed = a.placed();
+            for (c, &b) in bytes.iter().enumerate() {
+                let want: Vec<u8> = kept
+                    .iter()
+                    .flat_map(|&i| (0..sizes[i]).flat_map(move |r| std::iter::repeat_n(row_value(i, r, c), b)))
+                    .collect();
+                // SAFETY: the placed rows were written (or were 0xEE).
+                let got: Vec<u8> = buffers[c][..placed * b].iter().map(|x| unsafe { x.assume_init() }).collect();
+                prop_assert_eq!(got, want);
             }
         }
     }
 
     #[test]
     fn a_second_round_fills_in_after_the_holes_are_closed() {
-        let bytes = [3, 5];
-        let mut a = Assembly::new(6, None);
-        a.place(4, 2, &block(4, 2, &bytes), "c").unwrap();
-        a.place(0, 2, &block(0, 2, &bytes), "a").unwrap();
-        // Rows 2..4 were lost; close the hole and draw them again.
+        let bytes = [3usize, 5];
+        let mut buffers: Vec<Vec<MaybeUninit<u8>>> = bytes.iter().map(|&b| vec![MaybeUninit::new(0); 6 * b]).collect();
+        let mut views: Vec<&mut [MaybeUninit<u8>]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+        let (mut bases, mut blocks) = (Vec::new(), Vec::new());
+        let mut a = Assembly::new(&mut views, &bytes, 6, &mut bases, &mut blocks).unwrap();
+        for (tag, n) in [(0, 2), (1, 2), (2, 2)] {
+            a.add_block(tag, n).unwrap();
+        }
+        for (tag, mut view) in a.targets() {
+            fill(&mut view, tag);
+        }
+        a.settle(2, true);
+        a.settle(0, true);
+        a.settle(1, false);
         a.close_holes();
         assert_eq!(a.placed(), 4);
-        a.place(4, 2, &block(100, 2, &bytes), "b again").unwrap();
-        let (columns, metas) = a.finish();
-        assert_eq!(metas, ["a", "c", "b again"]);
-        let want: Vec<u8> = [block(0, 2, &bytes), block(4, 2, &bytes), block(100, 2, &bytes)]
-            .iter()
-            .flat_map(|b| b[1].to_vec())
-            .collect();
-        assert_eq!(columns[1], want);
-    }
-
-    #[test]
-    fn blocks_from_the_network_are_checked_before_a_byte_is_copied() {
-        let mut a = Assembly::new(8, None);
-        a.place(2, 3, &block(2, 3, &[4, 2]), 0).unwrap();
-        let cases: [(usize, usize, Vec<Bytes>, &str); 8] = [
-            (6, 3, block(6, 3, &[4, 2]), "do not lie in a batch of 8 rows"),
-            (usize::MAX, 2, block(0, 2, &[4, 2]), "do not lie in a batch"),
-            (0, 0, block(0, 0, &[4, 2]), "do not lie in a batch"),
-            (4, 2, block(4, 2, &[4, 2]), "overlap rows 2..5"),
-            (0, 2, block(0, 2, &[4]), "[4] differ from the [4, 2] of the first shard's reply"),
-            (0, 2, block(0, 2, &[4, 2, 1]), "differ from the [4, 2] of the first shard's reply"),
-            (0, 2, block(0, 2, &[4, 3]), "differ from the [4, 2]"),
-            (0, 2, vec![Bytes::from(vec![0u8; 8]), Bytes::from(vec![0u8; 3])], "not a whole number of rows"),
-        ];
-        for (start, rows, columns, want) in cases {
-            let e = a.place(start, rows, &columns, 9).unwrap_err();
-            assert!(e.contains(want), "{start}..+{rows}: {e}");
+        // Rows 2..4 were lost; drawn again after the others.
+        a.add_block(3, 2).unwrap();
+        for (tag, mut view) in a.targets() {
+            assert_eq!(tag, 3);
+            fill(&mut view, 100);
         }
-        assert_eq!(a.placed(), 3, "refused blocks left the batch as it was");
-        a.place(5, 3, &block(5, 3, &[4, 2]), 1).unwrap();
-        let (columns, metas) = a.finish();
-        assert_eq!(metas, [0, 1]);
-        assert_eq!(columns[0].len(), 6 * 4);
+        a.settle(3, true);
+        a.close_holes();
+        let blocks: Vec<_> = a.placed_blocks().collect();
+        assert_eq!(blocks, [(0, 0..2), (2, 2..4), (3, 4..6)]);
+        // SAFETY: every row was written.
+        let col1: Vec<u8> = buffers[1].iter().map(|x| unsafe { x.assume_init() }).collect();
+        let want: Vec<u8> = [(0, 0), (0, 1), (2, 0), (2, 1), (100, 0), (100, 1)]
+            .iter()
+            .flat_map(|&(d, r)| std::iter::repeat_n(row_value(d, r, 1), 5))
+            .collect();
+        assert_eq!(col1, want);
     }
 
     #[test]
-    fn the_spec_fixes_the_bytes_per_row_before_any_reply() {
+    fn buffers_and_writes_are_checked_before_a_byte_is_copied() {
+        let bytes = [4usize, 2];
+        let mut short: Vec<Vec<MaybeUninit<u8>>> = vec![vec![MaybeUninit::new(0); 32], vec![MaybeUninit::new(0); 15]];
+        let mut views: Vec<&mut [MaybeUninit<u8>]> = short.iter_mut().map(|b| &mut b[..]).collect();
+        let (mut bases, mut blocks) = (Vec::new(), Vec::new());
+        let e = Assembly::new(&mut views, &bytes, 8, &mut bases, &mut blocks).err().unwrap();
+        assert!(e.contains("column 1: a buffer of 15 bytes for 8 rows of 2 bytes"), "{e}");
+        let e = Assembly::new(&mut views[..1], &bytes, 8, &mut bases, &mut blocks).err().unwrap();
+        assert!(e.contains("1 column buffers for the 2 columns"), "{e}");
+
+        let mut buffers: Vec<Vec<MaybeUninit<u8>>> = vec![vec![MaybeUninit::new(0); 32], vec![MaybeUninit::new(0); 16]];
+        let mut views: Vec<&mut [MaybeUninit<u8>]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+        let mut a = Assembly::new(&mut views, &bytes, 8, &mut bases, &mut blocks).unwrap();
+        a.add_block(0, 5).unwrap();
+        assert!(a.add_block(1, 4).unwrap_err().contains("do not lie in a batch of 8 rows"));
+        assert!(a.add_block(1, 0).is_err());
+        let (_, mut view) = a.targets().next().unwrap();
+        assert!(view.write(0, 16, &[1; 4]).is_ok());
+        assert!(view.write(0, 17, &[1; 4]).unwrap_err().contains("whose block holds 20"));
+        assert!(view.write(2, 0, &[1]).is_err());
+        assert!(view.write(1, usize::MAX, &[1]).is_err());
+    }
+
+    #[test]
+    fn the_spec_gives_the_bytes_per_row() {
         use gear_core::{ColumnSpec, DType, WindowSpec};
         let spec = TableSpec::new(
             vec![ColumnSpec::new("obs", DType::F32, vec![3]), ColumnSpec::new("act", DType::U8, vec![])],
@@ -303,20 +392,5 @@ mod tests {
         assert_eq!(row_bytes(&spec, &request(&["act", "obs"], 2)), Some(vec![2, 24]));
         assert_eq!(row_bytes(&spec, &request(&["reward"], 2)), None, "no such column");
         assert_eq!(row_bytes(&spec, &request(&[], 11)), None, "a window longer than a trajectory");
-
-        let mut a = Assembly::new(4, row_bytes(&spec, &request(&["act"], 2)));
-        // The first reply to come is the wrong one: it is refused by the
-        // spec, not taken as the measure of the others.
-        let e = a.place(0, 2, &block(0, 2, &[3]), ()).unwrap_err();
-        assert!(e.contains("[3] differ from the [2] of the table's spec"), "{e}");
-        a.place(2, 2, &block(2, 2, &[2]), ()).unwrap();
-        assert_eq!(a.finish().0[0], block(2, 2, &[2])[0].to_vec());
-    }
-
-    #[test]
-    fn an_absurd_row_size_is_an_error_not_an_abort() {
-        let mut a: Assembly<()> = Assembly::new(1 << 40, None);
-        let e = a.place(0, 1, &[Bytes::from(vec![0u8; 1 << 20])], ()).unwrap_err();
-        assert!(e.contains("batch column") || e.contains("overflows"), "{e}");
     }
 }

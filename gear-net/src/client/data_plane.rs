@@ -5,7 +5,7 @@
 //! run, else TCP from gear-tcp).
 //!
 //! Per batch: `Info` from every shard and the row allocation exactly as the
-//! shard-gather path does ([`ClusterClient::sample`]); a ranged `Sample` to
+//! shard-gather path does ([`AsyncClusterClient::sample`]); a ranged `Sample` to
 //! every shard at once; reads posted to every shard before waiting on any;
 //! then a second post of the 8-byte generation word of every row, after
 //! the window bytes landed (the seqlock rule: bytes first, then the
@@ -29,25 +29,39 @@
 //!
 //! The batch buffers (every column of every row, then the generation
 //! words) are registered with the transport once and reused; the finished
-//! batch is copied out of them into [`ClusterBatch::columns`]. A batch
-//! whose buffer cannot be registered (a low `RLIMIT_MEMLOCK` refuses the
+//! batch is copied out of them into the caller's buffers. A batch whose
+//! buffer cannot be registered (a low `RLIMIT_MEMLOCK` refuses the
 //! pinning) is gathered by the shards instead, and the registration is
 //! tried again after [`RETRY_AFTER`].
+//!
+//! The transport's calls block (waits on reads), so a byte-range batch is
+//! drawn and read on one of tokio's blocking threads, which holds the data
+//! plane's (async) lock until every read into the buffer has finished or
+//! been ended: a caller that drops its future part way leaves no read in
+//! flight into a buffer the next batch uses. Its gRPC calls run on the
+//! caller's runtime (`Handle::block_on`), each under the batch's deadline.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use gear_api::table::ranges::generation_of;
-use gear_core::{HeapRegion, LocalBuffer, ReadOp, RemoteAccess, RemoteHandle, TableSpec, Transport};
+use gear_core::{HeapRegion, LocalBuffer, ReadOp, RemoteAccess, RemoteHandle, Transport};
+use tokio::runtime::Handle;
 
-use super::{
-    check_sample_reply, global_probability, sample_request, status, ClusterBatch, ClusterClient, ClusterSample,
+use super::cluster::{
+    check_sample_reply, global_probability, refuses_the_request, sample_request, status, within, AsyncClusterClient,
+    ClientCore,
 };
-use super::{LostShard, RemoteKey};
+use super::weights::WeightNorm;
+use super::{BatchRows, ClusterSample, LostShard, RemoteKey};
 use crate::connect::{remote_from_reply, request_from_endpoint};
 use crate::error::{Error, Result};
 use crate::proto::{RowRange, SampleReply};
+
+/// The batch's deadline, on tokio's clock.
+type Deadline = tokio::time::Instant;
 
 /// The largest batch read by byte ranges (its buffer is allocated whole).
 pub const MAX_RANGE_BATCH_BYTES: u64 = 4 << 30;
@@ -60,7 +74,7 @@ pub const MAX_READ_ATTEMPTS: usize = 8;
 /// path is tried again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// How [`ClusterClient::sample`] moves the window bytes.
+/// How [`AsyncClusterClient::sample`] moves the window bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DataPlane {
     /// Each shard gathers its rows' windows and sends them in its `Sample`
@@ -88,15 +102,13 @@ struct Connection {
 /// The client's transport state: the transport (made on first use), the
 /// registered batch buffer, and a connection per shard.
 #[derive(Default)]
-pub(super) struct DataPlaneState {
-    /// The transport given to [`ClusterClient::with_transport`], until the
-    /// first sample takes it.
+pub(crate) struct DataPlaneState {
+    /// The transport given to [`AsyncClusterClient::with_transport`], until
+    /// the first sample takes it.
     supplied: Option<Box<dyn Transport>>,
     transport: Option<Box<dyn Transport>>,
     buffer: Option<(Arc<HeapRegion>, LocalBuffer)>,
     connections: Vec<Option<Connection>>,
-    /// The table spec, asked once (every shard of a table has the same).
-    spec: Option<TableSpec>,
     /// Whether a transport was tried (made once, on the first sample).
     tried: bool,
     /// Per shard, the incarnation that refused to connect over the
@@ -115,8 +127,24 @@ pub(super) struct DataPlaneState {
 impl DataPlaneState {
     /// A state whose byte-range transport will be `supplied` (else made
     /// from the config on first use).
-    pub(super) fn with_supplied(supplied: Option<Box<dyn Transport>>) -> Self {
-        DataPlaneState { supplied, ..DataPlaneState::default() }
+    pub(crate) fn with_supplied(supplied: Option<Box<dyn Transport>>) -> Self {
+        let mut state = DataPlaneState::default();
+        state.supplied = supplied;
+        state
+    }
+}
+
+impl Drop for DataPlaneState {
+    fn drop(&mut self) {
+        // A transport may own a tokio runtime (gear-tcp's does), which
+        // panics if dropped where blocking is not allowed; an async client
+        // may be dropped anywhere, so the transport goes on a thread of
+        // its own there.
+        let parts =
+            (self.transport.take(), self.supplied.take(), self.buffer.take(), std::mem::take(&mut self.connections));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::Builder::new().name("gear-data-plane-drop".into()).spawn(move || drop(parts));
+        }
     }
 }
 
@@ -141,6 +169,10 @@ struct Row {
     p_local: f64,
     mass: f64,
     total: f64,
+    /// The shard's smallest and total mass its reply reported, just after
+    /// the draw (the weights' normaliser: `weights` module).
+    reported_min: f64,
+    reported_total: f64,
     bytes: RowBytes,
 }
 
@@ -202,43 +234,135 @@ impl Placement {
     }
 }
 
-impl ClusterClient {
-    /// Whether `sample` of `request` goes through a transport, making the
-    /// transport on first use (see [`DataPlane`]).
-    pub(super) fn byte_range_plane(&self, request: &ClusterSample) -> bool {
-        {
-            let mut st = self.data_plane.lock();
-            if !st.tried {
-                st.tried = true;
-                st.transport = match self.config.data_plane {
-                    DataPlane::ShardGather => None,
-                    DataPlane::ByteRangeTcp => self.tcp_transport(),
-                    DataPlane::ByteRange => {
-                        st.supplied.take().or_else(|| self.rdma_transport()).or_else(|| self.tcp_transport())
-                    }
-                    // Without RDMA, Auto gathers on the shards: no TCP
-                    // transport is made.
-                    DataPlane::Auto => st.supplied.take().or_else(|| self.rdma_transport()),
-                };
-                st.connections = (0..self.shards.len()).map(|_| None).collect();
-                st.gather_only = vec![None; self.shards.len()];
-                st.connect_backoff = vec![None; self.shards.len()];
-            }
-            if st.transport.is_none() {
-                return false;
-            }
+/// A byte-range batch drawn and read: its bytes still in the registered
+/// buffer, to be copied out under the same lock.
+pub(super) struct RangedDraw {
+    place: Placement,
+    rows: Vec<Row>,
+    lost: Vec<LostShard>,
+    rejoined: Vec<usize>,
+    /// Each shard's mass and smallest mass as the split knew them.
+    masses: Vec<f64>,
+    mins: Vec<f64>,
+    total: f64,
+    beta: f64,
+}
+
+/// A failed blocking task as the client's error.
+fn worker_failed(e: tokio::task::JoinError) -> Error {
+    Error::Io(std::io::Error::other(format!("the byte-range data plane's worker failed: {e}")))
+}
+
+impl AsyncClusterClient {
+    /// Draws `request` by byte ranges into `columns` if the data plane
+    /// reads that way (see [`DataPlane`]); `Ok(false)`: the shards are to
+    /// gather it instead.
+    pub(super) async fn sample_by_ranges_into(
+        &self,
+        request: &ClusterSample,
+        columns: &mut [&mut [MaybeUninit<u8>]],
+        out: &mut BatchRows,
+        deadline: Deadline,
+    ) -> Result<bool> {
+        let Some(st) = self.ranged_plane(request, deadline).await? else { return Ok(false) };
+        let (core, rt, request_owned) = (self.core.clone(), Handle::current(), request.clone());
+        let (st, drawn) = tokio::task::spawn_blocking(move || {
+            let mut st = st;
+            let drawn = core.sample_by_ranges(&rt, &mut st, &request_owned, deadline);
+            (st, drawn)
+        })
+        .await
+        .map_err(worker_failed)?;
+        let drawn = drawn?;
+        self.core.assemble_into(&st, &drawn, columns, out)?;
+        Ok(true)
+    }
+
+    /// The data plane's lock if `sample(request)` reads byte ranges, making
+    /// the transport on first use.
+    async fn ranged_plane(
+        &self,
+        request: &ClusterSample,
+        deadline: Deadline,
+    ) -> Result<Option<tokio::sync::OwnedMutexGuard<DataPlaneState>>> {
+        if self.core.config.data_plane == DataPlane::ShardGather {
+            return Ok(None);
         }
-        // A request the shards would refuse goes the gather way, so it is
-        // refused exactly as there (and sizes no buffer here).
-        let Some(bytes) = self.batch_bytes(request) else { return false };
+        let mut st = self.core.data_plane.clone().lock_owned().await;
+        if !st.tried {
+            // Opening a device may block.
+            let core = self.core.clone();
+            st = tokio::task::spawn_blocking(move || {
+                core.make_transport(&mut st);
+                st
+            })
+            .await
+            .map_err(worker_failed)?;
+        }
+        if st.transport.is_none() {
+            return Ok(None);
+        }
+        // A request the table cannot serve goes the gather way, which
+        // refuses it naming what was wrong (and sizes no buffer here).
+        let Some(bytes) = self.core.batch_bytes(request, deadline).await else { return Ok(None) };
         // The batch buffer must be registered (pinned) first; where that
-        // fails, the shards gather.
-        let mut st = self.data_plane.lock();
+        // fails, the shards gather. Registering may block.
         let bytes = bytes + 8 * request.rows;
+        if st.buffer.as_ref().is_some_and(|(_, b)| b.len() >= bytes) {
+            return Ok(Some(st));
+        }
+        let core = self.core.clone();
+        let (st, registered) = tokio::task::spawn_blocking(move || {
+            let registered = core.register_batch_buffer(&mut st, bytes);
+            (st, registered)
+        })
+        .await
+        .map_err(worker_failed)?;
+        Ok(registered.then_some(st))
+    }
+
+    /// How `sample(request)` moves the windows: `Some(kind)` when by byte
+    /// ranges over that transport, `None` when the shards gather them.
+    pub async fn data_plane_for(&self, request: &ClusterSample) -> Result<Option<gear_core::TransportKind>> {
+        let deadline = Deadline::now() + self.core.config.call_timeout;
+        Ok(self.ranged_plane(request, deadline).await?.and_then(|st| st.transport.as_ref().map(|t| t.kind())))
+    }
+
+    /// The kind of the transport byte-range sampling uses, once the first
+    /// `sample` made it (`None`: shard-gather only, or not decided yet).
+    pub fn data_plane_kind(&self) -> Option<gear_core::TransportKind> {
+        *self.core.transport_kind.lock()
+    }
+}
+
+impl ClientCore {
+    /// Makes the byte-range transport the config asks for, once.
+    fn make_transport(&self, st: &mut DataPlaneState) {
+        st.tried = true;
+        st.transport = match self.config.data_plane {
+            DataPlane::ShardGather => None,
+            DataPlane::ByteRangeTcp => self.tcp_transport(),
+            DataPlane::ByteRange => {
+                st.supplied.take().or_else(|| self.rdma_transport()).or_else(|| self.tcp_transport())
+            }
+            // Without RDMA, Auto gathers on the shards: no TCP transport is
+            // made.
+            DataPlane::Auto => st.supplied.take().or_else(|| self.rdma_transport()),
+        };
+        st.connections = (0..self.shards.len()).map(|_| None).collect();
+        st.gather_only = vec![None; self.shards.len()];
+        st.connect_backoff = vec![None; self.shards.len()];
+        *self.transport_kind.lock() = st.transport.as_ref().map(|t| t.kind());
+    }
+
+    /// Registers a batch buffer of at least `bytes` unless a registration
+    /// of as much failed less than [`RETRY_AFTER`] ago; whether it is
+    /// there (else the shards gather such batches).
+    fn register_batch_buffer(&self, st: &mut DataPlaneState, bytes: u64) -> bool {
         if st.register_backoff.is_some_and(|(failed, until)| bytes >= failed && Instant::now() < until) {
             return false;
         }
-        match self.ensure_buffer(&mut st, bytes) {
+        match self.ensure_buffer(st, bytes) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(
@@ -253,8 +377,8 @@ impl ClusterClient {
 
     /// Bytes of one batch of `request`; `None` if the spec cannot be had or
     /// the request is not valid for it (rows, window, column names).
-    fn batch_bytes(&self, request: &ClusterSample) -> Option<u64> {
-        let spec = self.cached_spec().ok()?;
+    async fn batch_bytes(&self, request: &ClusterSample, deadline: Deadline) -> Option<u64> {
+        let spec = self.cached_spec(deadline).await.ok()?;
         if request.rows == 0 || request.rows > crate::convert::MAX_SAMPLE_ROWS {
             return None;
         }
@@ -263,19 +387,6 @@ impl ClusterClient {
             .try_fold(0u64, |sum, bytes| sum.checked_add(u64::try_from(bytes).ok()?))?;
         // Larger batches go the gather way, whose message limit refuses them.
         row.checked_mul(request.rows).filter(|&b| b <= MAX_RANGE_BATCH_BYTES)
-    }
-
-    /// The table spec, asked once.
-    pub(super) fn cached_spec(&self) -> Result<TableSpec> {
-        let cached = self.data_plane.lock().spec.clone();
-        match cached {
-            Some(spec) => Ok(spec),
-            None => {
-                let (spec, _) = self.spec_of_any()?;
-                self.data_plane.lock().spec = Some(spec.clone());
-                Ok(spec)
-            }
-        }
     }
 
     fn rdma_transport(&self) -> Option<Box<dyn Transport>> {
@@ -304,24 +415,15 @@ impl ClusterClient {
         }
     }
 
-    /// How `sample(request)` moves the windows: `Some(kind)` when by byte
-    /// ranges over that transport, `None` when the shards gather them.
-    pub fn data_plane_for(&self, request: &ClusterSample) -> Option<gear_core::TransportKind> {
-        if self.byte_range_plane(request) {
-            self.data_plane_kind()
-        } else {
-            None
-        }
-    }
-
-    /// The kind of the transport byte-range sampling uses, once the first
-    /// `sample` made it (`None`: shard-gather only).
-    pub fn data_plane_kind(&self) -> Option<gear_core::TransportKind> {
-        self.data_plane.lock().transport.as_ref().map(|t| t.kind())
-    }
-
     /// Connects to `shard` (again after it restarted).
-    fn connection(&self, st: &mut DataPlaneState, shard: usize, incarnation: u64) -> Result<()> {
+    fn connection(
+        &self,
+        rt: &Handle,
+        st: &mut DataPlaneState,
+        shard: usize,
+        incarnation: u64,
+        deadline: Deadline,
+    ) -> Result<()> {
         if st.connections[shard].as_ref().is_some_and(|c| c.incarnation == incarnation) {
             return Ok(());
         }
@@ -332,11 +434,10 @@ impl ClusterClient {
         let pending = transport.prepare_connection(shard as u32)?;
         let session = pending.endpoint.session();
         let answer = (|| {
-            let mut c = self.shards[shard].clone();
+            let mut c = self.shards[shard].grpc.clone();
             let mut request = request_from_endpoint(&pending.endpoint);
             request.table = self.config.table.clone();
-            let reply =
-                self.runtime.block_on(c.connect_data_plane(request)).map_err(|s| status(shard, s))?.into_inner();
+            let reply = rt.block_on(within(deadline, c.connect_data_plane(request))).map_err(|s| status(shard, s))?;
             let mut remote = remote_from_reply(&reply).map_err(|what| Error::Malformed { shard, what })?;
             if let RemoteAccess::Tcp { peer, .. } = &mut remote.access {
                 // The data service shares the shard's gRPC port: dial the
@@ -365,39 +466,39 @@ impl ClusterClient {
     /// (the shards reply with the windows' bytes).
     /// `session` is the transport's (0 before the first connection), sent
     /// with ranged draws.
+    #[allow(clippy::too_many_arguments)]
     fn draw(
         &self,
+        rt: &Handle,
         request: &ClusterSample,
         counts: &[(usize, u64)],
         ranges: bool,
         session: u64,
+        deadline: Deadline,
     ) -> Vec<(usize, u64, std::result::Result<SampleReply, Error>)> {
         if counts.is_empty() {
             return Vec::new();
         }
-        self.runtime.block_on(async {
-            let mut calls = Vec::new();
-            for &(s, n) in counts {
-                let mut c = self.shards[s].clone();
-                let mut req =
-                    sample_request(&self.config.table, request, n, self.config.call_timeout, self.incarnation_of(s));
+        // Three quarters of the time left, as the gather path's rounds.
+        let now = Deadline::now();
+        let round = now + deadline.saturating_duration_since(now) * 3 / 4;
+        rt.block_on(async {
+            let calls = counts.iter().map(|&(s, n)| {
+                let mut c = self.shards[s].grpc.clone();
+                let mut req = sample_request(&self.config.table, request, n, round, self.incarnation_of(s));
                 req.ranges = ranges;
                 req.data_plane_session = if ranges { session } else { 0 };
-                calls.push((s, n, tokio::spawn(async move { c.sample(req).await })));
-            }
+                async move { (s, n, within(round, c.sample(req)).await) }
+            });
             let mut out = Vec::new();
-            for (s, n, call) in calls {
-                let r = match call.await {
-                    Ok(Ok(reply)) => {
-                        let reply = reply.into_inner();
-                        match check_sample_reply(s, n, &reply) {
-                            Ok(()) if !ranges || reply.row_ranges.len() == n as usize => Ok(reply),
-                            Ok(()) => Err(Error::Malformed { shard: s, what: "row ranges missing".into() }),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Ok(Err(e)) => Err(status(s, e)),
-                    Err(e) => Err(Error::NoShard(format!("sample of shard {s} failed: {e}"))),
+            for (s, n, reply) in futures_util::future::join_all(calls).await {
+                let r = match reply {
+                    Ok(reply) => match check_sample_reply(s, n, &reply) {
+                        Ok(()) if !ranges || reply.row_ranges.len() == n as usize => Ok(reply),
+                        Ok(()) => Err(Error::Malformed { shard: s, what: "row ranges missing".into() }),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(status(s, e)),
                 };
                 out.push((s, n, r));
             }
@@ -405,10 +506,17 @@ impl ClusterClient {
         })
     }
 
-    /// [`ClusterClient::sample`] over the transport (module docs).
-    pub(super) fn sample_by_ranges(&self, request: &ClusterSample) -> Result<ClusterBatch> {
-        let mut batch = ClusterBatch::default();
-        let spec = self.cached_spec()?;
+    /// [`AsyncClusterClient::sample`] over the transport (module docs), on
+    /// a blocking thread; the batch's bytes stay in the buffer.
+    pub(super) fn sample_by_ranges(
+        &self,
+        rt: &Handle,
+        st: &mut DataPlaneState,
+        request: &ClusterSample,
+        deadline: Deadline,
+    ) -> Result<RangedDraw> {
+        let (mut lost, mut rejoined) = (Vec::new(), Vec::new());
+        let spec = rt.block_on(self.cached_spec(deadline))?;
         let columns: Vec<usize> = if request.columns.is_empty() {
             (0..spec.columns().len()).collect()
         } else {
@@ -420,10 +528,23 @@ impl ClusterClient {
             window: request.window.len,
             rows: request.rows,
         };
-        let (mut masses, min_mass) = self.masses(&mut batch)?;
-        let beta = self.beta()?;
-        let mut st = self.data_plane.lock();
-        self.ensure_buffer(&mut st, place.bytes())?;
+        let info_deadline = {
+            let now = Deadline::now();
+            now + deadline.saturating_duration_since(now) / 4
+        };
+        let mut m = super::masses::ShardMasses::default();
+        rt.block_on(self.shard_masses(&mut m, &mut lost, &mut rejoined, info_deadline))?;
+        if m.deterministic > 0 {
+            return Err(Error::Unsupported(
+                "byte-range sampling needs a random strategy; use the shard-gather data plane".into(),
+            ));
+        }
+        let (first_masses, mins) = (m.masses.clone(), m.mins);
+        let mut masses = m.masses;
+        let first_total: f64 = masses.iter().sum();
+        let beta = rt.block_on(self.beta(deadline))?;
+        self.ensure_buffer(st, place.bytes())?;
+        let mut counts = Vec::new();
         let mut rows: Vec<Row> = Vec::with_capacity(request.rows as usize);
         let mut remaining = request.rows;
         // Set when a lost shard's rows were taken out: the rows after them
@@ -435,27 +556,28 @@ impl ClusterClient {
                 break;
             }
             if total <= 0.0 {
-                return Err(Error::NoShard(format!("no shard holds items (lost: {:?})", batch.lost)));
+                return Err(Error::NoShard(format!("no shard holds items (lost: {lost:?})")));
             }
-            let counts = self.allocate(&masses, remaining);
+            self.allocate(&masses, remaining, &mut counts);
             let (ranged, mut gathered): (Vec<ShardRows>, Vec<ShardRows>) = counts
-                .into_iter()
+                .iter()
+                .copied()
                 .enumerate()
                 .filter(|&(_, n)| n > 0)
-                .partition(|&(s, _)| !self.is_gather_only(&st, s));
+                .partition(|&(s, _)| !self.is_gather_only(st, s));
             let first = if std::mem::take(&mut shifted) { 0 } else { rows.len() };
-            let lose = |s: usize, reason: String, masses: &mut Vec<f64>, batch: &mut ClusterBatch| {
+            let lose = |s: usize, reason: String, masses: &mut Vec<f64>, lost: &mut Vec<LostShard>| {
                 self.mark_lost(s, &reason);
-                batch.lost.push(LostShard { shard: s, reason });
+                lost.push(LostShard { shard: s, reason });
                 masses[s] = 0.0;
             };
             let session = st.session;
-            for (s, n, reply) in self.draw(request, &ranged, true, session) {
-                let connected = reply.map(|r| match self.connection(&mut st, s, r.incarnation) {
+            for (s, n, reply) in self.draw(rt, request, &ranged, true, session, deadline) {
+                let connected = reply.map(|r| match self.connection(rt, st, s, r.incarnation, deadline) {
                     Ok(()) => Some(r),
                     // No connection: gather its rows.
                     Err(e) => {
-                        self.note_connect_failure(&mut st, s, r.incarnation, &e);
+                        self.note_connect_failure(st, s, r.incarnation, &e);
                         None
                     }
                 });
@@ -466,34 +588,38 @@ impl ClusterClient {
                         push_rows(&mut rows, s, masses[s], total, reply);
                     }
                     Ok(None) => gathered.push((s, n)),
-                    Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut batch),
+                    Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut lost),
                 }
             }
-            for (s, n, reply) in self.draw(request, &gathered, false, 0) {
+            for (s, n, reply) in self.draw(rt, request, &gathered, false, 0, deadline) {
                 match reply {
                     Ok(reply) => {
                         self.note_sample_mass(s, &reply);
                         push_gathered(&mut rows, s, masses[s], total, reply, &place)?;
                         remaining -= n;
                     }
-                    Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut batch),
+                    Err(e) => lose(s, refusal(s, e)?, &mut masses, &mut lost),
                 }
             }
             // Read the new rows; a shard whose reads fail gives its rows back.
-            let failed = self.read_rows(&mut st, request, &place, &mut rows, first)?;
+            let failed = self.read_rows(rt, st, request, &place, &mut rows, first, deadline)?;
             for (s, reason) in failed {
                 let before = rows.len();
                 rows.retain(|r| r.shard != s);
                 remaining += (before - rows.len()) as u64;
                 shifted = true;
-                lose(s, reason, &mut masses, &mut batch);
+                lose(s, reason, &mut masses, &mut lost);
             }
         }
         if remaining > 0 {
-            return Err(Error::NoShard(format!("{remaining} rows could not be drawn; lost: {:?}", batch.lost)));
+            return Err(Error::NoShard(format!("{remaining} rows could not be drawn; lost: {lost:?}")));
         }
-        self.assemble(&st, &place, &rows, min_mass, beta, &mut batch);
-        Ok(batch)
+        Ok(RangedDraw { place, rows, lost, rejoined, masses: first_masses, mins, total: first_total, beta })
+    }
+
+    /// Records the masses a `Sample` reply from `shard` carries.
+    fn note_sample_mass(&self, shard: usize, reply: &SampleReply) {
+        self.note_mass(shard, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
     }
 
     /// Whether `shard`'s rows are gathered: it refused to connect over the
@@ -531,30 +657,6 @@ impl ClusterClient {
         }
     }
 
-    /// The spec, from the first shard that answers.
-    fn spec_of_any(&self) -> Result<(TableSpec, crate::proto::SpecReply)> {
-        let mut last = None;
-        for s in 0..self.shards.len() {
-            match self.spec(s) {
-                Ok(r) => return Ok(r),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::NoShard("no shard".into())))
-    }
-
-    /// Every shard's mass, as the shard-gather path asks it; byte ranges
-    /// need a random strategy.
-    fn masses(&self, batch: &mut ClusterBatch) -> Result<(Vec<f64>, f64)> {
-        let m = self.shard_masses(batch)?;
-        if m.deterministic > 0 {
-            return Err(Error::Unsupported(
-                "byte-range sampling needs a random strategy; use the shard-gather data plane".into(),
-            ));
-        }
-        Ok((m.masses, m.min_mass))
-    }
-
     /// Registers a batch buffer of at least `bytes`, once (again only when
     /// a larger batch needs more).
     fn ensure_buffer(&self, st: &mut DataPlaneState, bytes: u64) -> Result<()> {
@@ -575,13 +677,16 @@ impl ClusterClient {
 
     /// Reads rows `first..` (windows, then generations), redrawing torn
     /// rows from their shard. Returns the shards whose reads failed.
+    #[allow(clippy::too_many_arguments)]
     fn read_rows(
         &self,
+        rt: &Handle,
         st: &mut DataPlaneState,
         request: &ClusterSample,
         place: &Placement,
         rows: &mut [Row],
         first: usize,
+        deadline: Deadline,
     ) -> Result<Vec<(usize, String)>> {
         // Gathered rows are complete already.
         let mut pending: Vec<usize> = (first..rows.len()).filter(|&r| rows[r].range().is_some()).collect();
@@ -603,7 +708,7 @@ impl ClusterClient {
                     None => window_ops.push((rows[r].shard, ops)),
                 }
             }
-            failed.extend(self.post_and_wait(st, &window_ops));
+            failed.extend(self.post_and_wait(st, &window_ops, deadline));
             // Then every row's generation word.
             pending.retain(|&r| !failed.iter().any(|(s, _)| *s == rows[r].shard));
             let mut gen_ops: Vec<(usize, Vec<ReadOp>)> = Vec::new();
@@ -619,7 +724,7 @@ impl ClusterClient {
                     None => gen_ops.push((rows[r].shard, vec![op])),
                 }
             }
-            failed.extend(self.post_and_wait(st, &gen_ops));
+            failed.extend(self.post_and_wait(st, &gen_ops, deadline));
             pending.retain(|&r| !failed.iter().any(|(s, _)| *s == rows[r].shard));
             let Some((region, _)) = &st.buffer else { return Err(Error::Config("no batch buffer".into())) };
             let torn: Vec<usize> = pending
@@ -645,7 +750,7 @@ impl ClusterClient {
                     None => counts.push((rows[r].shard, 1)),
                 }
             }
-            for (s, _, reply) in self.draw(request, &counts, true, st.session) {
+            for (s, _, reply) in self.draw(rt, request, &counts, true, st.session, deadline) {
                 let targets: Vec<usize> = torn.iter().copied().filter(|&r| rows[r].shard == s).collect();
                 match reply {
                     Ok(reply) => {
@@ -664,7 +769,12 @@ impl ClusterClient {
 
     /// Posts each shard's ops, then waits for all with one deadline.
     /// Returns the shards whose reads failed.
-    fn post_and_wait(&self, st: &mut DataPlaneState, ops: &[(usize, Vec<ReadOp>)]) -> Vec<(usize, String)> {
+    fn post_and_wait(
+        &self,
+        st: &mut DataPlaneState,
+        ops: &[(usize, Vec<ReadOp>)],
+        deadline: Deadline,
+    ) -> Vec<(usize, String)> {
         let mut failed = Vec::new();
         let (Some(transport), Some((_, local))) = (st.transport.as_ref(), st.buffer.as_ref()) else {
             return ops.iter().map(|(s, _)| (*s, "no transport".to_owned())).collect();
@@ -684,7 +794,10 @@ impl ClusterClient {
                 Err(e) => failed.push((*s, format!("reads refused: {e}"))),
             }
         }
-        let deadline = Instant::now() + self.config.call_timeout;
+        // Three quarters of the time left, as for the draws: a shard whose
+        // reads hang leaves time to draw its rows from the others.
+        let now = Deadline::now();
+        let deadline = (now + deadline.saturating_duration_since(now) * 3 / 4).into_std();
         for ((s, t), r) in shards.iter().zip(&tickets).zip(transport.wait_all(&tickets, deadline)) {
             if let Err(e) = r {
                 // End the connection and connect again next time: after a
@@ -703,59 +816,98 @@ impl ClusterClient {
         failed
     }
 
-    /// Copies the rows out of the buffer into `batch`, zeroing padding,
-    /// with probabilities and weights as the shard-gather path computes them.
-    fn assemble(
+    /// Copies the rows of `drawn` out of the buffer into `columns`
+    /// (zeroing padding) and their fields into `out`, with probabilities
+    /// and weights as the shard-gather path computes them.
+    pub(super) fn assemble_into(
         &self,
         st: &DataPlaneState,
-        place: &Placement,
-        rows: &[Row],
-        min_mass: f64,
-        beta: f64,
-        batch: &mut ClusterBatch,
-    ) {
-        let Some((region, _)) = &st.buffer else { return };
+        drawn: &RangedDraw,
+        columns: &mut [&mut [MaybeUninit<u8>]],
+        out: &mut BatchRows,
+    ) -> Result<()> {
+        let RangedDraw { place, rows, lost, rejoined, masses, mins, total, beta } = drawn;
+        let Some((region, _)) = &st.buffer else { return Err(Error::Config("no batch buffer".into())) };
         let bytes = buffer_bytes(region);
-        batch.columns =
-            place.step_bytes.iter().map(|&s| Vec::with_capacity((s * place.window) as usize * rows.len())).collect();
+        if columns.len() != place.step_bytes.len() {
+            return Err(Error::Config(format!(
+                "{} column buffers for the {} columns requested",
+                columns.len(),
+                place.step_bytes.len()
+            )));
+        }
+        for (c, (buf, &s)) in columns.iter().zip(&place.step_bytes).enumerate() {
+            let need = (s * place.window) as usize * rows.len();
+            if buf.len() < need {
+                return Err(Error::Config(format!("column {c}: a buffer of {} bytes for {need}", buf.len())));
+            }
+        }
+        let mut norm = WeightNorm::default();
+        for (s, (&mass, &min)) in masses.iter().zip(mins).enumerate() {
+            if mass > 0.0 && *total > 0.0 && !rows.iter().any(|r| r.shard == s) {
+                norm.smallest_probability(min / total);
+            }
+        }
+        for row in rows {
+            if row.reported_total > 0.0 {
+                norm.smallest_probability(row.reported_min / row.reported_total * row.mass / row.total);
+            }
+        }
         for (r, row) in rows.iter().enumerate() {
             for (c, &s) in place.step_bytes.iter().enumerate() {
-                let out = &mut batch.columns[c];
+                let w = (place.window * s) as usize;
+                let dst = &mut columns[c][r * w..(r + 1) * w];
                 let range = match &row.bytes {
                     RowBytes::Remote(range) => range,
-                    RowBytes::Gathered(columns) => {
-                        out.extend_from_slice(&columns[c]);
+                    RowBytes::Gathered(gathered) => {
+                        write_bytes(dst, &gathered[c]);
                         continue;
                     }
                 };
                 let base = (place.column_base(c) + r as u64 * place.window * s) as usize;
                 let (lo, hi) = ((range.dst_step * s) as usize, ((range.dst_step + row.len) * s) as usize);
-                out.resize(out.len() + lo, 0);
-                out.extend_from_slice(&bytes[base + lo..base + hi]);
-                out.resize(out.len() + (place.window * s) as usize - hi, 0);
+                write_zeros(&mut dst[..lo]);
+                write_bytes(&mut dst[lo..hi], &bytes[base + lo..base + hi]);
+                write_zeros(&mut dst[hi..]);
             }
-            batch.keys.push(row.key);
-            batch.lengths.push(row.len);
-            batch.starts.push(row.start);
+            out.keys.push(row.key);
+            out.lengths.push(row.len);
+            out.starts.push(row.start);
             let p = global_probability(row.p_local, row.mass, row.total);
-            let p_min = min_mass / row.total;
-            let w = if beta == 0.0 || p <= 0.0 { 1.0 } else { (p_min / p).powf(beta) };
-            batch.probabilities.push(p);
-            batch.weights.push(w);
+            norm.row(p);
+            out.probabilities.push(p);
         }
+        out.weights.extend(out.probabilities.iter().map(|&p| norm.weight(p, *beta)));
+        out.lost.extend_from_slice(lost);
+        out.rejoined.extend_from_slice(rejoined);
+        Ok(())
     }
+}
+
+/// Copies `src` into `dst` (the same length).
+fn write_bytes(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
+    for (d, &b) in dst.iter_mut().zip(src) {
+        d.write(b);
+    }
+}
+
+/// Zeroes `dst` (padding).
+fn write_zeros(dst: &mut [MaybeUninit<u8>]) {
+    dst.fill(MaybeUninit::new(0));
 }
 
 /// Row `i` of a checked `Sample` reply, its window bytes from `bytes`.
 fn row_of(reply: &SampleReply, i: usize, shard: usize, mass: f64, total: f64, bytes: RowBytes) -> Row {
     Row {
         shard,
-        key: RemoteKey::from(&reply.keys[i]),
+        key: RemoteKey::from_proto(&reply.keys[i]),
         len: reply.lengths[i],
         start: reply.starts[i],
         p_local: reply.probabilities[i],
         mass,
         total,
+        reported_min: reply.min_mass,
+        reported_total: reply.total_mass,
         bytes,
     }
 }
@@ -765,11 +917,7 @@ fn row_of(reply: &SampleReply, i: usize, shard: usize, mass: f64, total: f64, by
 /// reason to report the shard lost with.
 fn refusal(shard: usize, e: Error) -> Result<String> {
     match e {
-        Error::Status { status: e, .. }
-            if matches!(e.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted) =>
-        {
-            Err(status(shard, *e))
-        }
+        Error::Status { status: e, .. } if refuses_the_request(&e) => Err(status(shard, *e)),
         e => Ok(e.to_string()),
     }
 }

@@ -12,9 +12,13 @@
 //! stream counts as not committed (whatever it had stored went with it or is
 //! stale under its next incarnation).
 
-use super::{chunks_of, status, ClusterClient, Grpc, RemoteKey, RemoteTrajectory};
+use super::cluster::{status, ClientCore, Grpc};
+use super::{RemoteKey, RemoteTrajectory};
 use crate::committed::committed_keys;
 use crate::error::{Error, Result};
+use crate::proto::InsertChunk;
+use bytes::Bytes;
+use std::time::Duration;
 
 /// Trajectories per insert stream: small enough that the keys of a failed
 /// stream fit the error's details ([`crate::committed::MAX_DETAIL_BYTES`]),
@@ -27,14 +31,15 @@ struct ShardOutcome {
     failure: Option<Error>,
 }
 
-/// Sends `list` to shard `shard`, stream after stream, stopping at the
-/// first failure.
+/// Sends `list` to shard `shard`, stream after stream, each finished
+/// within `timeout`, stopping at the first failure.
 async fn insert_into_shard(
     shard: usize,
     mut client: Grpc,
     table: String,
     list: Vec<(usize, RemoteTrajectory)>,
     chunk_steps: u64,
+    timeout: Duration,
 ) -> ShardOutcome {
     let mut committed = Vec::with_capacity(list.len());
     let mut rest = list.into_iter().peekable();
@@ -42,7 +47,11 @@ async fn insert_into_shard(
         let stream: Vec<(usize, RemoteTrajectory)> = rest.by_ref().take(TRAJECTORIES_PER_STREAM).collect();
         let order: Vec<usize> = stream.iter().map(|(i, _)| *i).collect();
         let chunks = chunks_of(&table, stream.into_iter().map(|(_, t)| t), chunk_steps);
-        let (keys, failure) = match client.insert(tokio_stream::iter(chunks)).await {
+        let call = tokio::time::timeout(timeout, client.insert(tokio_stream::iter(chunks)));
+        let reply = call.await.unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(format!("the insert stream did not finish within {timeout:?}")))
+        });
+        let (keys, failure) = match reply {
             Ok(reply) => {
                 let keys = reply.into_inner().keys;
                 if keys.len() != order.len() {
@@ -57,7 +66,7 @@ async fn insert_into_shard(
             let what = format!("{} keys, some of another shard, for {} trajectories", keys.len(), order.len());
             return ShardOutcome { committed, failure: Some(Error::Malformed { shard, what }) };
         }
-        committed.extend(order.into_iter().zip(keys.iter().map(RemoteKey::from)));
+        committed.extend(order.into_iter().zip(keys.iter().map(RemoteKey::from_proto)));
         if failure.is_some() {
             return ShardOutcome { committed, failure };
         }
@@ -65,39 +74,48 @@ async fn insert_into_shard(
     ShardOutcome { committed, failure: None }
 }
 
-impl ClusterClient {
+impl ClientCore {
     /// Sends each shard its `(index, trajectory)` list; returns the keys in
-    /// index order (indices `0..n` across the lists).
-    pub(super) fn send_routed(
+    /// index order (indices `0..n` across the lists). Shards are written in
+    /// parallel, one task each; the tasks are aborted (their streams cut
+    /// off, so nothing half sent is stored) if the future is dropped.
+    pub(crate) async fn send_routed(
         &self,
         per_shard: Vec<Vec<(usize, RemoteTrajectory)>>,
         chunk_steps: u64,
     ) -> Result<Vec<RemoteKey>> {
         let total: usize = per_shard.iter().map(Vec::len).sum();
-        let outcomes = self.runtime.block_on(async {
-            let mut calls = Vec::new();
-            for (s, list) in per_shard.into_iter().enumerate() {
-                if list.is_empty() {
-                    continue;
-                }
-                let client = self.shards[s].clone();
-                calls.push((
-                    s,
-                    tokio::spawn(insert_into_shard(s, client, self.config.table.clone(), list, chunk_steps)),
-                ));
+        let mut calls = tokio::task::JoinSet::new();
+        let mut shard_of = std::collections::HashMap::new();
+        for (s, list) in per_shard.into_iter().enumerate() {
+            if list.is_empty() {
+                continue;
             }
-            let mut out = Vec::new();
-            for (s, call) in calls {
-                out.push(match call.await {
-                    Ok(outcome) => outcome,
-                    Err(e) => ShardOutcome {
-                        committed: Vec::new(),
-                        failure: Some(Error::NoShard(format!("insert into shard {s} failed: {e}"))),
-                    },
-                });
-            }
-            out
-        });
+            let client = self.shards[s].grpc.clone();
+            let timeout = self.config.call_timeout;
+            let table = self.config.table.clone();
+            let id = calls.spawn(insert_into_shard(s, client, table, list, chunk_steps, timeout)).id();
+            shard_of.insert(id, s);
+        }
+        let mut outcomes = Vec::new();
+        while let Some(joined) = calls.join_next_with_id().await {
+            let id = match &joined {
+                Ok((id, _)) => *id,
+                Err(e) => e.id(),
+            };
+            let s = shard_of.get(&id).copied().unwrap_or(usize::MAX);
+            outcomes.push((
+                s,
+                joined.map(|(_, o)| o).unwrap_or_else(|e| ShardOutcome {
+                    committed: Vec::new(),
+                    failure: Some(Error::NoShard(format!("insert into shard {s} failed: {e}"))),
+                }),
+            ));
+        }
+        // The first failure reported is the lowest shard's, whatever order
+        // the streams ended in.
+        outcomes.sort_by_key(|(s, _)| *s);
+        let outcomes = outcomes.into_iter().map(|(_, o)| o);
         let mut committed = Vec::with_capacity(total);
         let mut first_failure = None;
         for outcome in outcomes {
@@ -119,4 +137,48 @@ impl ClusterClient {
             Some(e) => Err(Error::PartialInsert { committed, source: Box::new(e) }),
         }
     }
+}
+
+/// The insert stream of `trajectories` into `table`: chunks of at most
+/// `chunk_steps`, the first naming the table.
+fn chunks_of(table: &str, trajectories: impl Iterator<Item = RemoteTrajectory>, chunk_steps: u64) -> Vec<InsertChunk> {
+    let mut out = Vec::new();
+    for t in trajectories {
+        if chunk_steps == 0 || chunk_steps >= t.steps {
+            // One chunk: the buffers move, no copy.
+            out.push(InsertChunk {
+                steps: t.steps,
+                columns: t.columns,
+                priority: t.priority,
+                end: true,
+                table: String::new(),
+            });
+            continue;
+        }
+        let step_bytes: Vec<usize> = t.columns.iter().map(|c| c.len() / t.steps as usize).collect();
+        let mut done = 0u64;
+        while done < t.steps {
+            let steps = chunk_steps.min(t.steps - done);
+            let columns = t
+                .columns
+                .iter()
+                .zip(&step_bytes)
+                .map(|(c, &b)| {
+                    let range = done as usize * b..(done + steps) as usize * b;
+                    if range.end <= c.len() {
+                        c.slice(range)
+                    } else {
+                        Bytes::new()
+                    }
+                })
+                .collect();
+            let priority = if done == 0 { t.priority } else { None };
+            done += steps;
+            out.push(InsertChunk { steps, columns, priority, end: done >= t.steps, table: String::new() });
+        }
+    }
+    if let Some(first) = out.first_mut() {
+        first.table = table.to_owned();
+    }
+    out
 }

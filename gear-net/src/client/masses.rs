@@ -31,22 +31,26 @@
 //!
 //! [`ClusterConfig::mass_refresh`]: super::ClusterConfig::mass_refresh
 
-use super::{ClusterBatch, ClusterClient, Error, LostShard, Result};
+use super::cluster::{within, ClientCore};
+use super::{LostShard, ShardInfo};
+use crate::error::{Error, Result};
+use crate::proto::InfoRequest;
 use std::time::Instant;
 
-/// Every shard's mass as [`ClusterClient::sample`] splits rows by it.
+/// Every shard's mass as the client splits a batch's rows by it.
+#[derive(Debug, Default)]
 pub(crate) struct ShardMasses {
     /// Total mass of each shard (0: lost, empty, or deterministic).
     pub masses: Vec<f64>,
-    /// Smallest positive per-item mass over the shards.
-    pub min_mass: f64,
+    /// Smallest positive per-item mass of each shard (+inf: none).
+    pub mins: Vec<f64>,
     /// Shards with items whose strategy has no mass (FIFO, LIFO, heaps).
     pub deterministic: usize,
 }
 
 /// A shard's size and masses as it last reported them.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct KnownMass {
+pub(crate) struct KnownMass {
     size: u64,
     total: f64,
     min: f64,
@@ -63,8 +67,13 @@ impl KnownMass {
 }
 
 impl ShardMasses {
-    fn new(shards: usize) -> Self {
-        ShardMasses { masses: vec![0.0; shards], min_mass: f64::INFINITY, deterministic: 0 }
+    /// No shard counted yet (the vectors' capacity is kept).
+    fn reset(&mut self, shards: usize) {
+        self.masses.clear();
+        self.masses.resize(shards, 0.0);
+        self.mins.clear();
+        self.mins.resize(shards, f64::INFINITY);
+        self.deterministic = 0;
     }
 
     /// Counts shard `s` with `mass`.
@@ -77,32 +86,52 @@ impl ShardMasses {
         }
         self.masses[s] = mass.total;
         if mass.min > 0.0 {
-            self.min_mass = self.min_mass.min(mass.min);
+            self.mins[s] = mass.min;
         }
     }
 }
 
-impl ClusterClient {
-    /// Every shard's selection mass (see the module doc). Shards that fail
-    /// or answer as another shard are left out and recorded in
-    /// `batch.lost`, shards back from being lost in `batch.rejoined`.
-    pub(super) fn shard_masses(&self, batch: &mut ClusterBatch) -> Result<ShardMasses> {
-        if let Some(known) = self.known_masses() {
-            return Ok(known);
+/// What one shard's `Info` call came to.
+pub(crate) type InfoOutcome = std::result::Result<ShardInfo, tonic::Status>;
+
+impl ClientCore {
+    /// Every shard's `Info`, asked at once, each answered by `deadline`:
+    /// one outcome per shard, in order.
+    pub(crate) async fn all_infos(&self, deadline: tokio::time::Instant) -> Vec<InfoOutcome> {
+        let calls = self.shards.iter().map(|c| {
+            let mut c = c.grpc.clone();
+            let request = InfoRequest { table: self.config.table.clone() };
+            async move { within(deadline, c.info(request)).await.map(|r| ShardInfo::from_proto(&r)) }
+        });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// Every shard's selection mass (see the module doc) into `out`,
+    /// asking every shard's `Info` by `deadline` if the view cannot be
+    /// used. Shards that fail or answer as another shard are left out and
+    /// recorded in `lost`, shards back from being lost in `rejoined`.
+    pub(crate) async fn shard_masses(
+        &self,
+        out: &mut ShardMasses,
+        lost: &mut Vec<LostShard>,
+        rejoined: &mut Vec<usize>,
+        deadline: tokio::time::Instant,
+    ) -> Result<()> {
+        if self.known_masses(out) {
+            return Ok(());
         }
-        let infos = self.all_infos();
-        let mut out = ShardMasses::new(self.shards.len());
+        let infos = self.all_infos(deadline).await;
+        out.reset(self.shards.len());
         for (s, r) in infos.into_iter().enumerate() {
             match r {
-                Ok(Ok(reply)) => {
-                    let info = reply.into_inner();
+                Ok(info) => {
                     if info.shard as usize != s {
                         self.mark_lost(s, "answers with another shard id");
-                        batch.lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
+                        lost.push(LostShard { shard: s, reason: format!("reports shard id {}", info.shard) });
                         continue;
                     }
                     if self.mark_alive(s, info.incarnation) {
-                        batch.rejoined.push(s);
+                        rejoined.push(s);
                     }
                     let mass = KnownMass::new(info.size, info.total_mass, info.min_mass).ok_or_else(|| {
                         Error::Malformed { shard: s, what: format!("masses {} and {}", info.total_mass, info.min_mass) }
@@ -112,53 +141,48 @@ impl ClusterClient {
                 }
                 // The table is unknown there, or must be named: the
                 // cluster or this client is misconfigured, not the shard down.
-                Ok(Err(e)) if matches!(e.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {
-                    return Err(super::status(s, e));
+                Err(e) if matches!(e.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {
+                    return Err(super::cluster::status(s, e));
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
                     self.mark_lost(s, e.message());
-                    batch.lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
+                    lost.push(LostShard { shard: s, reason: format!("{}: {}", e.code(), e.message()) });
                 }
-                Err(e) => batch.lost.push(LostShard { shard: s, reason: format!("call failed: {e}") }),
             }
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// The masses the shards last reported, if every shard is live and
-    /// every report is recent enough.
-    fn known_masses(&self) -> Option<ShardMasses> {
+    /// The masses the shards last reported into `out`, if every shard is
+    /// live and every report is recent enough; else `false`.
+    fn known_masses(&self, out: &mut ShardMasses) -> bool {
         let refresh = self.config.mass_refresh;
         if refresh.is_zero() {
-            return None;
+            return false;
         }
         let state = self.state.lock();
-        let mut out = ShardMasses::new(state.len());
+        out.reset(state.len());
         for (s, shard) in state.iter().enumerate() {
-            let mass = shard.mass.filter(|m| !shard.lost && m.at.elapsed() < refresh)?;
-            out.add(s, &mass);
+            match shard.mass.filter(|m| !shard.lost && m.at.elapsed() < refresh) {
+                Some(mass) => out.add(s, &mass),
+                None => return false,
+            }
         }
         // Nothing to draw from: ask, rather than fail on old news.
-        let stocked = out.deterministic > 0 || out.masses.iter().any(|&m| m > 0.0);
-        stocked.then_some(out)
+        out.deterministic > 0 || out.masses.iter().any(|&m| m > 0.0)
     }
 
     /// Records what `shard` reported with a reply from `incarnation`; a
     /// report from another run than the one known, or with an invalid
     /// mass, makes the shard's mass unknown (asked again next batch).
-    pub(super) fn note_mass(&self, shard: usize, incarnation: u64, size: u64, total: f64, min: f64) {
+    pub(crate) fn note_mass(&self, shard: usize, incarnation: u64, size: u64, total: f64, min: f64) {
         let mut state = self.state.lock();
         let Some(s) = state.get_mut(shard) else { return };
         s.mass = (s.incarnation == Some(incarnation)).then(|| KnownMass::new(size, total, min)).flatten();
     }
 
-    /// Records the masses a `Sample` reply from `shard` carries.
-    pub(super) fn note_sample_mass(&self, shard: usize, reply: &crate::proto::SampleReply) {
-        self.note_mass(shard, reply.incarnation, reply.size, reply.total_mass, reply.min_mass);
-    }
-
     /// Forgets `shard`'s mass (this client changed it: an insert).
-    pub(super) fn forget_mass(&self, shard: usize) {
+    pub(crate) fn forget_mass(&self, shard: usize) {
         if let Some(s) = self.state.lock().get_mut(shard) {
             s.mass = None;
         }

@@ -13,12 +13,13 @@
 //!
 //! [`WriteTarget::MostFree`]: super::WriteTarget::MostFree
 
-use super::{ClusterClient, Error, Result};
+use super::cluster::ClientCore;
+use crate::error::{Error, Result};
 use std::time::Instant;
 
 /// The free-space estimate of every shard.
 #[derive(Debug, Default)]
-pub(super) struct FreeSpace {
+pub(crate) struct FreeSpace {
     /// When the estimate was last asked of the shards (`None`: never).
     refreshed: Option<Instant>,
     /// Free slots per shard, less the trajectories sent since; `None` for a
@@ -47,42 +48,43 @@ fn assign(free: &mut [Option<i64>], n: usize) -> Option<Vec<usize>> {
     Some(out)
 }
 
-impl ClusterClient {
-    /// Asks every shard's `Info` and replaces the estimate.
-    fn refresh_free_space(&self) -> Vec<Option<i64>> {
-        let infos = self.all_infos();
+impl ClientCore {
+    /// Asks every shard's `Info` and returns the new estimate.
+    async fn refresh_free_space(&self) -> Vec<Option<i64>> {
+        let deadline = tokio::time::Instant::now() + self.config.call_timeout;
+        let infos = self.all_infos(deadline).await;
         let mut free = Vec::with_capacity(infos.len());
         for (s, r) in infos.into_iter().enumerate() {
             free.push(match r {
-                Ok(Ok(reply)) if reply.get_ref().shard as usize == s => {
-                    let info = reply.into_inner();
+                Ok(info) if info.shard as usize == s => {
                     self.mark_alive(s, info.incarnation);
                     let capacity = i64::try_from(info.capacity).unwrap_or(i64::MAX);
                     let size = i64::try_from(info.size).unwrap_or(i64::MAX);
                     Some(capacity.saturating_sub(size))
                 }
-                Ok(Ok(_)) => {
+                Ok(_) => {
                     self.mark_lost(s, "answers with another shard id");
                     None
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
                     self.mark_lost(s, e.message());
                     None
                 }
-                Err(_) => None,
             });
         }
         free
     }
 
     /// The shard for each of `n` trajectories (see the module doc).
-    pub(super) fn spread_by_free_space(&self, n: usize) -> Result<Vec<usize>> {
+    pub(crate) async fn spread_by_free_space(&self, n: usize) -> Result<Vec<usize>> {
         let stale = {
             let space = self.free_space.lock();
             space.refreshed.is_none_or(|t| t.elapsed() >= self.config.free_space_refresh)
         };
         if stale {
-            let free = self.refresh_free_space();
+            // Asked without the lock held: a call dropped while it waits
+            // leaves the old estimate in place.
+            let free = self.refresh_free_space().await;
             let mut space = self.free_space.lock();
             space.free = free;
             space.refreshed = Some(Instant::now());

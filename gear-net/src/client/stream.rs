@@ -10,16 +10,21 @@
 //! broken, a chunk refused) leaves nothing stored.
 //!
 //! Deadlines: the stream itself may stay open for as long as the episode
-//! runs (it is an open-ended call, see `channel::OpenEnded`); each chunk
-//! waits at most the deadline it is given for room in the stream, and the
-//! key at most the one [`TrajectoryStream::key`] is given. Short deadlines
-//! that the caller repeats let it stay responsive (Python's Ctrl-C).
+//! runs (the one call the client puts under no call deadline; HTTP/2
+//! keepalive still closes it if the shard goes silent); each chunk waits
+//! at most the deadline it is given for room in the stream, and the key at
+//! most the one [`TrajectoryStream::key`] is given. Short deadlines that
+//! the caller repeats let it stay responsive (Python's Ctrl-C).
+//!
+//! Its methods block, as [`ClusterClient`]'s do, and are refused the same
+//! way inside a tokio runtime ([`Error::InsideRuntime`]).
 
-use super::{status, ClusterClient, RemoteKey, WriteTarget};
-use crate::channel::OpenEnded;
+use super::cluster::status;
+use super::{ClusterClient, RemoteKey, WriteTarget};
 use crate::error::{Error, Result};
 use crate::proto::{InsertChunk, InsertReply};
 use bytes::Bytes;
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -56,27 +61,28 @@ impl ClusterClient {
     /// (round-robin over the live shards, the most free one, or the one
     /// named). Nothing is stored until [`TrajectoryStream::send_end`].
     pub fn open_trajectory(&self, target: WriteTarget) -> Result<TrajectoryStream> {
-        let n = self.shards.len();
+        let core = &self.inner.core;
+        let n = core.shards.len();
         let shard = match target {
             WriteTarget::Shard(s) if s < n => s,
             WriteTarget::Shard(s) => return Err(Error::Config(format!("no shard {s}; the cluster has {n}"))),
-            WriteTarget::RoundRobin => self.round_robin(1)[0],
-            WriteTarget::MostFree => self.spread_by_free_space(1)?[0],
+            WriteTarget::RoundRobin => core.round_robin(1)[0],
+            WriteTarget::MostFree => self.block_on(core.spread_by_free_space(1))?[0],
         };
-        self.forget_mass(shard);
+        let runtime = self.handle()?;
+        core.forget_mass(shard);
         let (sender, receiver) = mpsc::channel(CHUNKS_IN_FLIGHT);
-        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(receiver));
-        request.extensions_mut().insert(OpenEnded);
-        let mut client = self.shards[shard].clone();
-        let call = self.runtime.spawn(async move { client.insert(request).await });
+        let request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(receiver));
+        let mut client = core.grpc(shard)?;
+        let call = runtime.spawn(async move { client.insert(request).await });
         Ok(TrajectoryStream {
             shard,
-            runtime: self.runtime.handle().clone(),
+            runtime,
             sender: Some(sender),
             call: Some(call),
             started: false,
-            call_timeout: self.config.call_timeout,
-            table: self.config.table.clone(),
+            call_timeout: core.config.call_timeout,
+            table: core.config.table.clone(),
         })
     }
 }
@@ -129,12 +135,18 @@ impl TrajectoryStream {
         }
         let Some(reply) = self.reply(timeout)? else { return Ok(None) };
         match reply.keys.as_slice() {
-            [key] if key.shard as usize == self.shard => Ok(Some(RemoteKey::from(key))),
+            [key] if key.shard as usize == self.shard => Ok(Some(RemoteKey::from_proto(key))),
             keys => Err(Error::Malformed {
                 shard: self.shard,
                 what: format!("{} keys for one trajectory (or a key of another shard)", keys.len()),
             }),
         }
+    }
+
+    /// Runs `f` to its end on the client's runtime; refused inside a
+    /// runtime.
+    fn block_on<T>(&self, f: impl Future<Output = T>) -> Result<T> {
+        block_on(&self.runtime, f)
     }
 
     fn push(&mut self, chunk: InsertChunk, timeout: Duration) -> Result<bool> {
@@ -147,7 +159,7 @@ impl TrajectoryStream {
         } else {
             InsertChunk { table: self.table.clone(), ..chunk }
         };
-        let sent = self.runtime.block_on(async {
+        let sent = self.block_on(async {
             match tokio::time::timeout(timeout, sender.reserve()).await {
                 Ok(Ok(permit)) => {
                     permit.send(chunk);
@@ -156,7 +168,7 @@ impl TrajectoryStream {
                 Err(_) => Ok(false),
                 Ok(Err(_)) => Err(()),
             }
-        });
+        })?;
         match sent {
             Ok(sent) => {
                 self.started |= sent;
@@ -180,7 +192,7 @@ impl TrajectoryStream {
         let Some(call) = self.call.as_mut() else {
             return Err(Error::Config("the trajectory stream's answer was taken".into()));
         };
-        let joined = self.runtime.block_on(async { tokio::time::timeout(timeout, call).await });
+        let joined = block_on(&self.runtime, async { tokio::time::timeout(timeout, call).await })?;
         let answer = match joined {
             Err(_) => return Ok(None),
             Ok(answer) => answer,
@@ -192,6 +204,15 @@ impl TrajectoryStream {
             Ok(Ok(reply)) => Ok(Some(reply.into_inner())),
         }
     }
+}
+
+/// `f` run on `runtime` from a thread outside any runtime (where
+/// `Handle::block_on` would panic, [`Error::InsideRuntime`]).
+fn block_on<T>(runtime: &tokio::runtime::Handle, f: impl Future<Output = T>) -> Result<T> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::InsideRuntime);
+    }
+    Ok(runtime.block_on(f))
 }
 
 impl Drop for TrajectoryStream {

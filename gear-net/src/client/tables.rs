@@ -1,7 +1,7 @@
 //! What a shard serves: its tables and their counters (`ListTables`), for
 //! `gear cluster-info` and monitoring.
 
-use super::{status, ClusterClient};
+use super::cluster::{status, within, AsyncClusterClient};
 use crate::error::Result;
 use crate::proto::{InfoReply, ListTablesRequest};
 use gear_api::WaitStats;
@@ -86,12 +86,12 @@ pub struct ShardTables {
     pub tables: Vec<TableStatus>,
 }
 
-impl ClusterClient {
+impl AsyncClusterClient {
     /// The tables shard `shard` serves, with their counters.
-    pub fn tables(&self, shard: usize) -> Result<ShardTables> {
-        let mut c = self.client(shard)?;
-        let reply =
-            self.runtime.block_on(c.list_tables(ListTablesRequest {})).map_err(|s| status(shard, s))?.into_inner();
+    pub async fn tables(&self, shard: usize) -> Result<ShardTables> {
+        let deadline = tokio::time::Instant::now() + self.core.config.call_timeout;
+        let mut c = self.core.grpc(shard)?;
+        let reply = within(deadline, c.list_tables(ListTablesRequest {})).await.map_err(|s| status(shard, s))?;
         Ok(ShardTables {
             shard: reply.shard,
             incarnation: reply.incarnation,

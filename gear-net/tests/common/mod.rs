@@ -4,11 +4,45 @@
 
 use gear_api::{ReplayTable, StepValue};
 use gear_core::{ColumnSpec, DType, Pad, TableSpec, WindowSpec};
-use gear_net::{ClusterBatch, ClusterClient, ClusterSample};
+use gear_net::{ClusterBatch, ClusterClient, ClusterSample, ServerConfig, ServerHandle, StrategyInfo};
+use gear_sampler::{StrategyKind, StrategyParams};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// A uniform shard server on loopback for each of `tables`, shard `s`
+/// serving `tables[s]`, every call checked against `token`.
+pub fn serve_uniform(tables: &[ReplayTable], token: &str) -> Vec<ServerHandle> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(s, table)| {
+            let config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), s as u32, token);
+            let strategy = StrategyInfo { kind: StrategyKind::Uniform, params: StrategyParams::default() };
+            ServerHandle::start(table.clone(), &config, strategy).unwrap()
+        })
+        .collect()
+}
+
+/// Runs `body` on its own thread and aborts the process (naming `suite`)
+/// if it has not finished after `seconds` (a hang must fail, not stall
+/// CI); a panic is passed on.
+pub fn within(suite: &str, seconds: u64, body: impl FnOnce() + Send + 'static) {
+    let (done, finished) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        body();
+        let _ = done.send(());
+    });
+    if let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_secs(seconds)) {
+        eprintln!("{suite}: a test ran past its {seconds} s deadline");
+        std::process::abort();
+    }
+    if let Err(panic) = worker.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
 
 /// Bytes of one step's `obs`.
 pub const OBS: u64 = 24;

@@ -321,7 +321,7 @@ class ClusterSampler:
     def sample(self) -> Batch:
         """One batch; ``batch.lost`` / ``batch.rejoined`` name shards left out or back."""
     def sample_into(self, out: Union[Mapping[str, Any], Sequence[Any]]) -> Batch:
-        """One batch into your arrays (or torch CPU tensors)."""
+        """One batch decoded straight into your arrays (or torch CPU tensors), reused batch after batch."""
     def output_spec(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
         """``{column: (numpy dtype name, shape)}`` for ``sample_into``."""
     @property

@@ -239,7 +239,7 @@ impl Cluster {
             let mut last = None;
             for s in 0..client.shards() {
                 match client.spec(s) {
-                    Ok((spec, reply)) => return Ok((spec, reply.sampler)),
+                    Ok(spec) => return Ok((spec.table, spec.sampler)),
                     Err(e) => last = Some(e),
                 }
             }
@@ -433,10 +433,9 @@ impl Cluster {
             gear_core::check_priority(p).map_err(Error::from)?;
         }
         let updates: Vec<(gear_net::RemoteKey, f64)> = keys.into_iter().zip(priorities).collect();
-        let total = updates.len() as u64;
         let client = self.client.clone();
-        let applied = wait::off_thread(py, move || client.update_priorities(&updates))?.map_err(Error::from)?;
-        Ok((applied, total.saturating_sub(applied)))
+        let done = wait::off_thread(py, move || client.update_priorities(&updates))?.map_err(Error::from)?;
+        Ok((done.applied, done.stale))
     }
 
     /// A sampler of `batch_size` rows drawn across the shards with one

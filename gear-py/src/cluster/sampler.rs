@@ -9,7 +9,7 @@ use crate::dtype;
 use crate::error::{Error, Result};
 use crate::wait;
 use gear_core::{Pad, WindowSpec};
-use gear_net::{ClusterBatch, ClusterClient, ClusterSample};
+use gear_net::{BatchRows, ClusterBatch, ClusterClient, ClusterSample};
 use numpy::PyArrayDescr;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -36,6 +36,8 @@ pub struct ClusterSampler {
     rows: usize,
     window: usize,
     pad: Pad,
+    /// The per-row fields `sample_into` fills, reused across batches.
+    rows_out: BatchRows,
 }
 
 impl ClusterSampler {
@@ -82,6 +84,7 @@ impl ClusterSampler {
             rows: batch_size,
             window: window.len as usize,
             pad: window.pad,
+            rows_out: BatchRows::default(),
         })
     }
 
@@ -92,16 +95,19 @@ impl ClusterSampler {
         loop {
             let (client, request) = (self.client.clone(), self.request.clone());
             match wait::off_thread(py, move || client.sample(&request))? {
-                Ok(batch) => return Ok(batch),
-                Err(gear_net::Error::NoShard(why)) => {
-                    if self.timeout.is_some_and(|t| started.elapsed() + EMPTY_RETRY >= t) {
-                        return Err(self.nothing_to_sample(py, why, started.elapsed()));
-                    }
-                    wait::sleep(py, EMPTY_RETRY)?;
-                }
-                Err(e) => return Err(e.into()),
+                Err(gear_net::Error::NoShard(why)) => self.wait_for_items(py, why, started)?,
+                answer => return Ok(answer?),
             }
         }
+    }
+
+    /// After a sample that found no shard holding items: waits a little
+    /// (interruptibly), or fails once the sampler's timeout has passed.
+    fn wait_for_items(&self, py: Python<'_>, why: String, started: Instant) -> Result<()> {
+        if self.timeout.is_some_and(|t| started.elapsed() + EMPTY_RETRY >= t) {
+            return Err(self.nothing_to_sample(py, why, started.elapsed()));
+        }
+        wait::sleep(py, EMPTY_RETRY)
     }
 
     /// The error of a sample that found nothing for its whole timeout: a
@@ -153,51 +159,81 @@ impl ClusterSampler {
         };
         let buffer = Bound::new(py, BatchBuffer { memory })?;
         let arrays = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
-        self.finish(py, arrays, drawn, Some(buffer.unbind()))
+        let rows = BatchRows {
+            keys: drawn.keys,
+            lengths: drawn.lengths,
+            starts: drawn.starts,
+            probabilities: drawn.probabilities,
+            weights: drawn.weights,
+            lost: drawn.lost,
+            rejoined: drawn.rejoined,
+        };
+        self.finish(py, arrays, &rows, Some(buffer.unbind()))
     }
 
     fn finish(
         &self,
         py: Python<'_>,
         columns: Bound<'_, PyDict>,
-        drawn: ClusterBatch,
+        drawn: &BatchRows,
         buffer: Option<Py<BatchBuffer>>,
     ) -> Result<Batch> {
         let keys = keys::to_array(py, &drawn.keys)?;
         let facts = RowFacts {
             keys: Vec::new(),
             lengths: drawn.lengths.iter().map(|&l| l as i64).collect(),
-            probabilities: drawn.probabilities,
-            weights: drawn.weights,
+            probabilities: drawn.probabilities.clone(),
+            weights: drawn.weights.clone(),
             starts: drawn.starts.iter().map(|&s| s as i64).collect(),
         };
         let report = ShardReport {
-            lost: drawn.lost.into_iter().map(|l| (l.shard, l.reason)).collect(),
-            rejoined: drawn.rejoined,
+            lost: drawn.lost.iter().map(|l| (l.shard, l.reason.clone())).collect(),
+            rejoined: drawn.rejoined.clone(),
         };
         Batch::with_keys(py, columns, keys, facts, self.window, self.pad, self.infos.clone(), buffer, report)
     }
 
+    /// A batch decoded by the client straight into the caller's arrays (no
+    /// batch of its own, no copy after the socket's), its per-row fields in
+    /// the sampler's reused `BatchRows`.
+    ///
+    /// The call runs on this thread with the GIL released (not
+    /// `wait::off_thread`, whose abandoned calls finish later: this one
+    /// writes into the caller's memory, so it must be over when this
+    /// returns); every cluster call has a deadline, so Ctrl-C waits at most
+    /// the call timeout, and is checked between the retries of an empty
+    /// cluster.
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
         let outputs = batch::OutputArrays::parse(out, &self.infos, self.rows, self.window)?;
-        let drawn = self.draw(py)?;
-        self.checked(&drawn)?;
-        let ranges = outputs.ranges.clone();
-        let sources = &drawn.columns;
-        py.detach(|| {
-            for (&(ptr, len), src) in ranges.iter().zip(sources) {
-                // SAFETY: each range is the data of a live, writeable,
-                // C-contiguous array of exactly `len` bytes (checked by
-                // `OutputArrays::parse`, which `outputs` keeps alive for
-                // this call); the ranges are disjoint; `src` has `len`
-                // bytes (`checked`).
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr as *mut u8, len) };
+        let started = Instant::now();
+        loop {
+            let (client, request, rows) = (&self.client, &self.request, &mut self.rows_out);
+            let ranges = &outputs.ranges;
+            let answer = py.detach(|| {
+                let mut columns: Vec<&mut [u8]> = ranges
+                    .iter()
+                    .map(|&(ptr, len)| {
+                        // SAFETY: each range is the data of a live,
+                        // writeable, C-contiguous array of exactly `len`
+                        // bytes (checked by `OutputArrays::parse`, which
+                        // `outputs` keeps alive for this call, and its
+                        // size is the batch's column size); the ranges are
+                        // disjoint, and nothing else in this process
+                        // writes them while the GIL is released here
+                        // (the caller hands them over for the call).
+                        unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+                    })
+                    .collect();
+                client.sample_into(request, &mut columns, rows)
+            });
+            match answer {
+                Ok(()) => break,
+                Err(gear_net::Error::NoShard(why)) => self.wait_for_items(py, why, started)?,
+                Err(e) => return Err(e.into()),
             }
-        });
+        }
         let columns = outputs.columns(py, &self.infos)?;
-        let mut drawn = drawn;
-        drawn.columns = Vec::new();
-        self.finish(py, columns, drawn, None)
+        self.finish(py, columns, &self.rows_out, None)
     }
 }
 
@@ -213,6 +249,9 @@ impl ClusterSampler {
     /// -> array (or a list in column order), each C-contiguous, writeable,
     /// of the column's dtype and shape `[rows, window, *shape]` (NumPy
     /// arrays, or torch CPU tensors, pinned and bfloat16 ones included).
+    /// Each shard's reply is decoded straight into them as it arrives (no
+    /// other copy of the batch is made); reuse the same arrays batch after
+    /// batch. On an error their contents are unspecified.
     fn sample_into(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> PyResult<Batch> {
         Ok(self.sample_into_arrays(py, out)?)
     }
