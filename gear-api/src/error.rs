@@ -138,6 +138,13 @@ impl Error {
             Ok(core) => return Error::Core(*core),
             Err(e) => e,
         };
+        let e = match e.downcast::<gear_device::Error>() {
+            Ok(dev) => match *dev {
+                gear_device::Error::Core(c) => return Error::Core(c),
+                other => Box::new(other),
+            },
+            Err(e) => e,
+        };
         #[cfg(feature = "cuda")]
         let e = match e.downcast::<gear_cuda::Error>() {
             Ok(cuda) => return Error::from(*cuda),

@@ -34,6 +34,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod limiter;
 pub mod sampler;
@@ -43,6 +44,7 @@ pub mod writer;
 
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaColumn, CudaSampledBatch, CudaSampler, CudaSamplerOptions};
+pub use device::{DeviceColumn, DeviceSampledBatch, DeviceSampler, DeviceSamplerOptions};
 pub use error::{Error, Result};
 pub use gear_core::{ItemPattern, WaitReason, WaitRole};
 pub use limiter::RateLimiterConfig;
@@ -55,4 +57,5 @@ pub use transitions::{Observations, TransitionConfig, TransitionSampler, Transit
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 
 pub use gear_core;
+pub use gear_device;
 pub use gear_sampler;

@@ -151,6 +151,14 @@ pub(crate) struct Draws {
     /// Rows of an adopted batch ([`Draws::adopt`]) drawn by nothing: torn
     /// from the start, ascending.
     missing: Vec<usize>,
+    /// Per row, whether its slot still held the drawn key when the copy
+    /// completed ([`Draws::checked_at_copy`]): the first validation uses
+    /// this instead of checking again, so a row evicted after a clean copy
+    /// is not counted torn.
+    checked: Option<Vec<bool>>,
+    /// Rows drawn again because their copy was torn, their key stale or
+    /// nothing drew them, over the sampler's life.
+    pub(crate) redrawn: u64,
     /// This sampler's random stream and selection buffers.
     selection: Selection,
     /// Bytes of every column of one step, summed over requested columns.
@@ -204,6 +212,8 @@ impl Draws {
             rows: Vec::with_capacity(n),
             torn: Vec::new(),
             missing: Vec::new(),
+            checked: None,
+            redrawn: 0,
             selection,
             random_starts,
             items_per_slot: table.shared.items_per_slot,
@@ -239,6 +249,7 @@ impl Draws {
     ) -> Result<()> {
         self.draws.clear();
         self.missing.clear();
+        self.checked = None;
         self.selection.retiring.clear();
         let result = self.draw_and_start(table, copy, timeout);
         if result.is_err() {
@@ -314,30 +325,32 @@ impl Draws {
         let slots = table.shared.region.slots();
         let items = table.shared.region.items();
         let missing = std::mem::take(&mut self.missing);
+        let checked = self.checked.take().filter(|c| c.len() == n);
         for attempt in 1..=MAX_COPY_ATTEMPTS {
             self.torn.clear();
             let draws = &self.draws;
-            let missed = |r: usize| attempt == 1 && missing.binary_search(&r).is_ok();
-            if items.is_empty() {
-                self.torn.extend((0..n).filter(|&r| {
-                    let key = draws[r].sampled.key;
-                    missed(r) || !slots[key.slot as usize].read_validate(key)
-                }));
-            } else {
-                // The trajectory's generation, then the item's: a row is
-                // kept only if both are still the ones it was drawn with.
-                let per_slot = table.shared.items_per_slot;
-                self.torn.extend((0..n).filter(|&r| {
-                    let (d, key) = (&draws[r], draws[r].sampled.key);
-                    let trajectory = d.trajectory(per_slot);
-                    missed(r)
-                        || !slots.get(trajectory.slot as usize).is_some_and(|rec| rec.read_validate(trajectory))
-                        || (key.is_item() && !items.get(key.slot as usize).is_some_and(|rec| rec.read_validate(key)))
-                }));
-            }
+            let per_slot = table.shared.items_per_slot;
+            // The trajectory's generation, then (in a table with items) the
+            // item's: a row is kept only if both are still the ones it was
+            // drawn with.
+            let valid = |r: usize| {
+                let (d, key) = (&draws[r], draws[r].sampled.key);
+                let trajectory = d.trajectory(per_slot);
+                slots.get(trajectory.slot as usize).is_some_and(|rec| rec.read_validate(trajectory))
+                    && (items.is_empty()
+                        || !key.is_item()
+                        || items.get(key.slot as usize).is_some_and(|rec| rec.read_validate(key)))
+            };
+            let missed = |r: usize| missing.binary_search(&r).is_ok();
+            self.torn.extend((0..n).filter(|&r| match (attempt, &checked) {
+                (1, Some(c)) => !c[r] || missed(r),
+                (1, None) => missed(r) || !valid(r),
+                _ => !valid(r),
+            }));
             if self.torn.is_empty() {
                 return Ok(());
             }
+            self.redrawn += self.torn.len() as u64;
             if attempt == MAX_COPY_ATTEMPTS {
                 break;
             }
@@ -354,7 +367,6 @@ impl Draws {
     }
 
     /// This sampler's seed (other streams of the sampler derive from it).
-    #[cfg(feature = "cuda")]
     pub(crate) fn seed(&self) -> u64 {
         self.selection.seed
     }
@@ -366,12 +378,12 @@ impl Draws {
     /// draw, redrawing here (and regathering) torn rows, rows drawn by
     /// nothing and rows whose key was no longer readable when adopted;
     /// redraws share `deadline`. Counts one sample of each readable row.
-    #[cfg(feature = "cuda")]
     pub(crate) fn adopt(
         &mut self,
         table: &ReplayTable,
         deadline: Option<Instant>,
         drawn: impl ExactSizeIterator<Item = Option<(gear_core::Sampled, u64)>>,
+        checked: Option<Vec<bool>>,
     ) -> Result<()> {
         let n = self.layout.rows();
         if drawn.len() != n {
@@ -382,12 +394,23 @@ impl Draws {
         self.rows.clear();
         self.missing.clear();
         self.selection.retiring.clear();
+        let checked = checked.filter(|c| c.len() == n);
         let slots = table.shared.region.slots();
         for (r, d) in drawn.enumerate() {
-            let readable =
-                d.filter(|(s, _)| slots.get(s.key.slot as usize).is_some_and(|rec| rec.read_begin(s.key).is_some()));
+            // A row the copy-time check passed keeps its draw even if its
+            // slot was reused since: its bytes were read before.
+            let readable = d.filter(|(s, _)| {
+                let rec = slots.get(s.key.slot as usize);
+                match &checked {
+                    Some(c) => c[r] && rec.is_some(),
+                    None => rec.is_some_and(|rec| rec.read_begin(s.key).is_some()),
+                }
+            });
             if let Some((s, _)) = readable {
-                slots[s.key.slot as usize].add_sampled();
+                let rec = &slots[s.key.slot as usize];
+                if rec.read_begin(s.key).is_some() {
+                    rec.add_sampled();
+                }
             }
             let (s, len) = readable.unwrap_or_else(|| {
                 self.missing.push(r);
@@ -396,7 +419,31 @@ impl Draws {
             self.draws.push(Drawn::whole(s, len));
             self.rows.push(GatherRow::whole(s.key.slot, len));
         }
+        // The copy-time check is spent: missing rows are redrawn, the
+        // others passed it.
+        self.checked = checked.map(|_| vec![true; n]);
         Ok(())
+    }
+
+    /// The trajectory each row of the batch being drawn reads, in row
+    /// order (for a check of their slots when the copy completes; in a
+    /// table with items, an item's trajectory).
+    pub(crate) fn keys(&self) -> Vec<SlotKey> {
+        self.draws.iter().map(|d| d.trajectory(self.items_per_slot)).collect()
+    }
+
+    /// Per row, whether its slot held the drawn key when the copy
+    /// completed (checked on the device's stream right after the gather):
+    /// [`Draws::finish`]'s first validation uses it.
+    pub(crate) fn checked_at_copy(&mut self, valid: Vec<bool>) {
+        self.checked = Some(valid);
+    }
+
+    /// Restarts the deadline that redraws of the batch in flight share
+    /// from now (a prefetched batch was started with no time to wait; the
+    /// call that finishes it brings its own).
+    pub(crate) fn rearm_deadline(&mut self) {
+        self.deadline = self.timeout.map(|t| Instant::now() + t);
     }
 
     /// The gather row of a drawn row (a trajectory of `len` published
@@ -447,6 +494,7 @@ macro_rules! row_metadata {
         }
     };
 }
+// The device sampler uses it from another module.
 pub(crate) use row_metadata;
 
 /// One sampled batch: per column a `[rows, window, *shape]` buffer, the

@@ -757,7 +757,7 @@ pub fn run_cuda_sample_bench(c: &BenchConfig, variants: &[(usize, usize)]) -> Re
         for _ in 0..batches {
             let b = sampler.sample()?;
             bytes += b.lengths().iter().sum::<u64>() * step_bytes;
-            cached += b.cuda_batch().cached_rows();
+            cached += b.device_batch().cached_rows();
         }
         sampler.batch().synchronize()?;
         let s = t.elapsed().as_secs_f64();

@@ -14,6 +14,7 @@ mod cluster_demo;
 mod cluster_local;
 mod config;
 mod demo;
+mod device_bench;
 mod examples;
 mod import;
 mod inspect;
@@ -180,6 +181,45 @@ enum Command {
     /// Exports a table's committed trajectories to an HDF5 file (D4RL or
     /// Minari layout).
     Export(import::ExportArgs),
+    /// Writer processes evict fast while a prefetching device sampler (ring
+    /// 2, then 3; selection on the device) checks every row it draws and
+    /// counts redrawn rows, timeouts and torn batches. Fails on a bad row
+    /// or a timeout.
+    DeviceSoak {
+        /// Device: cuda (needs the `cuda` feature and a GPU) or cpu-device
+        /// (gear-device's CPU device; its figures are not GPU figures).
+        #[arg(long, default_value = "cuda")]
+        backend: String,
+        #[command(flatten)]
+        config: device_bench::SoakConfig,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The GPU trainer stand-in (issue 29): a kernel on the trainer's stream
+    /// reads each batch and takes --step-ms, fed by the device sampler
+    /// (prefetching) and by a host gather into pinned memory copied to the
+    /// device before each step; steps/s and data-wait share per batch size
+    /// and window length.
+    TrainBench {
+        /// Device: cuda or cpu-device (see device-soak).
+        #[arg(long, default_value = "cuda")]
+        backend: String,
+        #[command(flatten)]
+        config: device_bench::TrainConfig,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    #[command(hide = true)]
+    DeviceSoakWriter {
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        id: u64,
+        #[arg(long, value_parser = seconds_arg)]
+        seconds: f64,
+    },
     #[command(hide = true)]
     DemoActor {
         #[arg(long)]
@@ -493,6 +533,9 @@ fn main() -> ExitCode {
         Command::Sample(args) => inspect::sample(&args),
         Command::Import(args) => return import::import(&args),
         Command::Export(args) => return import::export(&args),
+        Command::DeviceSoak { backend, config, json } => return device_soak(&backend, &config, json),
+        Command::TrainBench { backend, config, json } => return train_bench(&backend, &config, json),
+        Command::DeviceSoakWriter { table, id, seconds } => device_bench::soak_writer(&table, id, seconds),
         Command::DemoActor { table, id, seconds, seed } => crate::demo::actor_process(&table, id, seconds, seed),
         Command::DemoTrainer { table, seconds, batch, window } => {
             crate::demo::trainer_process(&table, seconds, batch, window)
@@ -515,6 +558,97 @@ fn main() -> ExitCode {
         }
     };
     finish(result)
+}
+
+/// Runs `f` with the device `backend` names (`cuda`, `cpu-device`).
+macro_rules! with_backend {
+    ($backend:expr, |$dev:ident, $api:ident| $body:expr) => {{
+        match $backend {
+            "cpu-device" => match device_bench::cpu_device() {
+                Ok($dev) => {
+                    type $api = gear_device::CpuDeviceApi;
+                    $body
+                }
+                Err(e) => Err(e),
+            },
+            #[cfg(feature = "cuda")]
+            "cuda" => match gear_cuda::CudaDevice::new(0).and_then(|d| d.warm_up().map(|()| d)) {
+                Ok($dev) => {
+                    type $api = gear_cuda::CudaApi;
+                    $body
+                }
+                Err(e) => Err(gear_api::Error::from(e)),
+            },
+            #[cfg(not(feature = "cuda"))]
+            "cuda" => Err(gear_api::Error::Config("this gear was built without the `cuda` feature".into())),
+            other => Err(gear_api::Error::Config(format!("unknown device `{other}` (expected cuda or cpu-device)"))),
+        }
+    }};
+}
+
+fn device_soak(backend: &str, config: &device_bench::SoakConfig, json: bool) -> ExitCode {
+    let report = with_backend!(backend, |dev, Api| device_bench::run_soak::<Api>(&dev, config));
+    finish(report.and_then(|r| {
+        if json {
+            println!("{}", serde_json::to_string(&r).expect("report serialises"));
+        } else {
+            println!(
+                "device soak on {} ({:.1} s, {} trajectories written, {} evictions)",
+                r.device, r.seconds, r.trajectories_written, r.evictions
+            );
+            for g in &r.rings {
+                println!(
+                    "  ring {}: {} batches ({} on the device), {} rows checked, {} rows redrawn, {} timeouts, {} torn",
+                    g.ring, g.batches, g.device_batches, g.rows_checked, g.rows_redrawn, g.timeouts, g.torn
+                );
+            }
+            println!("  bad rows: {}", r.bad_rows);
+        }
+        let timeouts: u64 = r.rings.iter().map(|g| g.timeouts).sum();
+        if r.bad_rows > 0 || timeouts > 0 {
+            return Err(gear_api::Error::Integrity(format!(
+                "device soak: {} bad rows, {timeouts} timeouts",
+                r.bad_rows
+            )));
+        }
+        Ok(())
+    }))
+}
+
+fn train_bench(backend: &str, config: &device_bench::TrainConfig, json: bool) -> ExitCode {
+    let report = with_backend!(backend, |dev, Api| device_bench::run_train::<Api>(&dev, config, !json));
+    finish(report.map(|r| {
+        if json {
+            println!("{}", serde_json::to_string(&r).expect("report serialises"));
+            return;
+        }
+        println!(
+            "trainer stand-in on {} (step {} ms{})",
+            r.device,
+            r.step_ms,
+            if backend == "cpu-device" { "; CPU device: these are not GPU figures" } else { "" }
+        );
+        println!(
+            "{:>6} {:>6} {:>12}  {:>26}  {:>26}",
+            "batch", "window", "batch MB", "gear: steps/s (wait)", "host+copy: steps/s (wait)"
+        );
+        for pair in r.results.chunks(2) {
+            let (g, h) = (&pair[0], &pair[1]);
+            println!(
+                "{:>6} {:>6} {:>12.1}  {:>17.1} ({:>5.1}%)  {:>17.1} ({:>5.1}%)",
+                g.batch,
+                g.window,
+                g.batch_bytes as f64 / 1e6,
+                g.steps_per_s,
+                100.0 * g.data_wait_share,
+                h.steps_per_s,
+                100.0 * h.data_wait_share
+            );
+        }
+        for (b, w) in &r.skipped {
+            println!("{b:>6} {w:>6}  skipped (over --max-batch-mib)");
+        }
+    }))
 }
 
 fn finish(result: Result<()>) -> ExitCode {

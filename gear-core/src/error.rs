@@ -196,4 +196,8 @@ pub enum Error {
     /// An optional capability this backend does not have.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+    /// A device operation given arguments that do not fit it (a buffer of
+    /// another size, a stream of another device); the message says which.
+    #[error("device: {0}")]
+    Device(String),
 }

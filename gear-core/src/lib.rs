@@ -15,7 +15,9 @@
 //! * the backend traits: [`MemoryRegion`], [`Selector`], [`Collector`],
 //!   [`Transport`] and [`TransportServer`] (remote reads: registered local
 //!   buffers, posts that return a [`Ticket`], waits with a deadline, and
-//!   per-transport connection data in [`RemoteRegion`]).
+//!   per-transport connection data in [`RemoteRegion`]), and [`DeviceApi`]
+//!   with [`Device`] (a GPU-like device: streams, events, buffers, kernel
+//!   launches; the ordering rules every implementation follows).
 //!
 //! Architecture invariant: gear-core depends on no workspace crate and on no
 //! foreign library beyond `thiserror`, and `libc` on Linux for the one
@@ -27,6 +29,7 @@
 pub mod collect;
 pub mod control;
 pub mod copy;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod hint;
@@ -47,6 +50,7 @@ pub use control::{
     log_entries, target, Change, ControlBlock, ListedWait, LogEntry, LogOp, WaitEntry, WaitReason, WaitRole,
     MAX_LEASES, MAX_WAITS, MIN_LOG_ENTRIES,
 };
+pub use device::{Access, Device, DeviceApi, DeviceBuffer, Indirect, KernelArg, Launch};
 pub use dtype::{as_bytes, from_bytes, DType, Element};
 pub use error::{Error, Result};
 pub use item::{item_index, ItemMeta, ItemPattern, ItemRecord, ItemState, ItemWindow};

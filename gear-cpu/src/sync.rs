@@ -504,6 +504,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn leases_are_distinct_and_released_on_drop() {
         let dir = temp_dir("leases");
         let ctl = control();
@@ -523,6 +524,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn lock_excludes_threads_and_times_out_naming_the_holder() {
         let dir = temp_dir("lock");
         let ctl = control();
@@ -544,6 +546,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn a_long_lock_wait_is_listed_while_it_lasts() {
         let dir = temp_dir("listed");
         let ctl = control();
@@ -575,6 +578,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn a_guard_says_whether_and_how_long_taking_it_waited() {
         let dir = temp_dir("waited");
         let ctl = control();
@@ -601,6 +605,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn a_dead_or_garbage_holder_is_taken_over() {
         let dir = temp_dir("takeover");
         let ctl = control();
@@ -618,6 +623,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
     fn futex_wait_times_out_and_wakes() {
         let word = AtomicU32::new(0);
         let t = std::time::Instant::now();

@@ -229,6 +229,7 @@ fn a_reused_batch_is_fully_overwritten() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "megabytes of copies; the small threaded test below covers the same code under Miri")]
 fn threaded_gather_equals_single_threaded_on_a_large_batch() {
     let spec = TableSpec::new(
         vec![ColumnSpec::new("obs", DType::U8, vec![4096]), ColumnSpec::new("r", DType::F32, vec![])],
@@ -247,6 +248,25 @@ fn threaded_gather_equals_single_threaded_on_a_large_batch() {
         assert_eq!(many.lengths(), one.lengths());
         assert_eq!(many.column(0), one.column(0), "{threads} threads");
         assert_eq!(many.column(1), one.column(1), "{threads} threads");
+    }
+    assert_matches_reference(&one, &spec, &[0, 1], &rows, w);
+}
+
+/// Threads writing disjoint rows of one batch through raw pointers, on a
+/// batch small enough for Miri: every batch is split across the threads.
+#[test]
+fn a_small_batch_split_across_threads_equals_one_thread() {
+    let spec =
+        TableSpec::new(vec![ColumnSpec::new("x", DType::U8, vec![3]), ColumnSpec::new("y", DType::F32, vec![])], 6, 5)
+            .unwrap();
+    let table = filled_table(&spec);
+    let rows: Vec<GatherRow> = (0..7).map(|i| GatherRow::whole((i * 3) % 5, u64::from(i) % 7)).collect();
+    let w = WindowSpec { offset: -4, len: 5, pad: Pad::Head };
+    let one = gather(&CpuCollector::with_threads(1), &table, &[0, 1], &rows, w);
+    for threads in [2, 3, 7] {
+        let many = gather(&CpuCollector::with_threads(threads).with_bytes_per_thread(0), &table, &[0, 1], &rows, w);
+        assert_eq!(many.lengths(), one.lengths());
+        assert_eq!((many.column(0), many.column(1)), (one.column(0), one.column(1)), "{threads} threads");
     }
     assert_matches_reference(&one, &spec, &[0, 1], &rows, w);
 }

@@ -45,6 +45,7 @@ fn host_pool_refuses_zero_and_impossible_sizes() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn shm_pool_is_aligned_zeroed_named_and_shared_between_mappings() {
     let name = unique_name("basic");
     let a = ShmPool::create(&name, 10_000, ShmOptions::default()).unwrap();
@@ -73,6 +74,7 @@ fn shm_pool_is_aligned_zeroed_named_and_shared_between_mappings() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn create_on_an_existing_name_fails() {
     let name = unique_name("exists");
     let _a = ShmPool::create(&name, 4096, ShmOptions::default()).unwrap();
@@ -83,6 +85,7 @@ fn create_on_an_existing_name_fails() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn open_of_a_missing_name_names_the_name_and_directory() {
     let name = unique_name("missing");
     let e = ShmPool::open(&name, None).unwrap_err();
@@ -97,6 +100,7 @@ fn open_of_a_missing_name_names_the_name_and_directory() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn bad_names_are_refused_everywhere() {
     for bad in ["", "a/b", "../etc", "..", ".", "x y", "ü", &"n".repeat(256)] {
         let e = ShmPool::create(bad, 4096, ShmOptions::default()).unwrap_err();
@@ -109,6 +113,7 @@ fn bad_names_are_refused_everywhere() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn zero_size_is_refused_and_leaves_no_file() {
     let name = unique_name("zero");
     assert!(matches!(ShmPool::create(&name, 0, ShmOptions::default()), Err(Error::ZeroSize)));
@@ -116,6 +121,7 @@ fn zero_size_is_refused_and_leaves_no_file() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn too_large_for_dev_shm_is_a_clear_error_and_leaves_no_file() {
     let name = unique_name("huge");
     let needed = u64::MAX / 2;
@@ -131,6 +137,7 @@ fn too_large_for_dev_shm_is_a_clear_error_and_leaves_no_file() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn too_large_for_a_named_directory_names_that_directory() {
     let dir = TestDir::new("huge-dir");
     let name = unique_name("huge");
@@ -141,6 +148,7 @@ fn too_large_for_a_named_directory_names_that_directory() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn keep_and_persist_leave_the_name_and_unlink_removes_it() {
     let dir = TestDir::new("keep");
     let kept = unique_name("kept");
@@ -164,6 +172,7 @@ fn keep_and_persist_leave_the_name_and_unlink_removes_it() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn creator_drop_leaves_a_reused_name_alone() {
     let dir = TestDir::new("reuse");
     let name = unique_name("reused");
@@ -177,6 +186,7 @@ fn creator_drop_leaves_a_reused_name_alone() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn open_refuses_an_empty_file() {
     let dir = TestDir::new("empty");
     let name = unique_name("empty");
@@ -187,6 +197,7 @@ fn open_refuses_an_empty_file() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "system calls Miri cannot make (futexes, open-file-description locks, /dev/shm)")]
 fn file_mode_is_applied() {
     use std::os::unix::fs::PermissionsExt;
     let dir = TestDir::new("mode");

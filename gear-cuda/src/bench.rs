@@ -24,11 +24,10 @@
 //! region. The zero-copy and cached batches of the last set are compared
 //! byte for byte.
 
-use crate::cache::DeviceCache;
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
-use crate::gather::{CudaBatch, CudaCollector};
 use crate::memory::PinnedMemory;
+use crate::{CudaBatch, CudaCollector, DeviceCache};
 use cudarc::driver::sys::CUevent_flags;
 use gear_core::{
     BatchLayout, ColumnSpec, DType, GatherRow, RandomSource, TableRegion, TableSpec, WindowSpec, Xoshiro256,

@@ -26,6 +26,8 @@ struct DeviceInner {
     name: String,
     /// Modules compiled for this context, by source; functions by id.
     kernels: Mutex<KernelCache>,
+    /// Every kernel by name, for the device trait's launches.
+    loaded: Mutex<Option<Arc<crate::api::CudaKernels>>>,
 }
 
 #[derive(Default)]
@@ -87,7 +89,7 @@ impl CudaDevice {
             let stream = ctx.new_stream()?;
             let cc = ctx.compute_capability()?;
             let name = ctx.name()?;
-            Ok(DeviceInner { ctx, stream, cc, name, kernels: Mutex::default() })
+            Ok(DeviceInner { ctx, stream, cc, name, kernels: Mutex::default(), loaded: Mutex::default() })
         };
         let inner = catch_unwind(AssertUnwindSafe(open)).map_err(|_| {
             Error::BackendUnavailable(format!(
@@ -168,6 +170,17 @@ impl CudaDevice {
         let func = module.load_function(f.name())?;
         cache.functions.insert(f, func.clone());
         Ok(func)
+    }
+
+    /// Every kernel, by name (loaded on first use, then shared).
+    pub fn kernels(&self) -> Result<Arc<crate::api::CudaKernels>> {
+        let mut loaded = self.inner.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = &*loaded {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(crate::api::CudaKernels::load(self)?);
+        *loaded = Some(k.clone());
+        Ok(k)
     }
 
     /// Loads every kernel now (once per process and device; later calls and

@@ -164,3 +164,36 @@ pub(crate) unsafe fn memset_async(dst: u64, value: u8, bytes: usize, stream: sys
     // SAFETY: forwarded obligations.
     unsafe { sys::cuMemsetD8Async(dst, value, bytes, stream) }.result()
 }
+
+/// A host function queued with [`launch_host_fn`].
+type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// Runs the boxed function `data` points at (the driver calls this on its
+/// callback thread when the stream reaches it). A panic is caught: it
+/// must not unwind into the driver.
+unsafe extern "C" fn run_host_fn(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the `Box<HostFn>` leaked by `launch_host_fn`, and
+    // the driver calls each callback exactly once.
+    let f = unsafe { Box::from_raw(data.cast::<HostFn>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(*f)).is_err() {
+        tracing::error!("gear-cuda: a host function queued on a stream panicked");
+    }
+}
+
+/// Queues `f` on `stream` (`cuLaunchHostFunc`): it runs on a driver thread
+/// once the stream's earlier work completed, and holds later work until it
+/// returns. `f` must not call CUDA.
+///
+/// # Safety
+/// `stream` belongs to the current context; the driver was probed.
+pub(crate) unsafe fn launch_host_fn(stream: sys::CUstream, f: HostFn) -> Result<(), DriverError> {
+    let data = Box::into_raw(Box::new(f));
+    // SAFETY: `run_host_fn` takes back the box `data` points at, once.
+    let r = unsafe { sys::cuLaunchHostFunc(stream, Some(run_host_fn), data.cast()) }.result();
+    if r.is_err() {
+        // Not queued: the callback never runs, so the box is ours again.
+        // SAFETY: `data` came from Box::into_raw above and was not consumed.
+        drop(unsafe { Box::from_raw(data) });
+    }
+    r
+}

@@ -1,7 +1,8 @@
-//! Kernel sources and their run-time compilation.
+//! The kernels' compilation for CUDA.
 //!
-//! The CUDA C sources in `gear-cuda/kernels/` are embedded with
-//! `include_str!`; `kernels/common.cuh` is prepended to each.
+//! The CUDA C sources live in `gear-device/kernels/` (every device runs
+//! them; [`KernelSource`] and [`KernelFn`] are gear-device's), with
+//! `kernels/common.cuh` prepended to each.
 //!
 //! When NVRTC is present at build time, `build.rs` compiles every source to
 //! PTX (`compute_80`) and CUBIN (`sm_80`, `sm_90`) and embeds the images
@@ -18,138 +19,7 @@ use crate::error::{Error, Result};
 use crate::nvrtc_lib::{CompileFailure, Image};
 use crate::probe;
 
-/// The shared prelude prepended to every source.
-pub const COMMON_SOURCE: &str = include_str!("../kernels/common.cuh");
-
-/// One kernel source file (one NVRTC program, one module).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KernelSource {
-    /// `kernels/gather.cu`: the window gather.
-    Gather,
-    /// `kernels/sample.cu`: prefix sums and proportional draws.
-    Sample,
-    /// `kernels/priority.cu`: priority scatter and top-k.
-    Priority,
-}
-
-impl KernelSource {
-    /// Every source.
-    pub const ALL: [KernelSource; 3] = [KernelSource::Gather, KernelSource::Sample, KernelSource::Priority];
-
-    /// The file name under `kernels/`.
-    pub const fn file_name(self) -> &'static str {
-        match self {
-            KernelSource::Gather => "gather.cu",
-            KernelSource::Sample => "sample.cu",
-            KernelSource::Priority => "priority.cu",
-        }
-    }
-
-    /// The file's text, without the prelude.
-    pub const fn body(self) -> &'static str {
-        match self {
-            KernelSource::Gather => include_str!("../kernels/gather.cu"),
-            KernelSource::Sample => include_str!("../kernels/sample.cu"),
-            KernelSource::Priority => include_str!("../kernels/priority.cu"),
-        }
-    }
-
-    /// The text NVRTC compiles: the prelude, then the file.
-    pub fn source(self) -> String {
-        crate::nvrtc_lib::compose_source(COMMON_SOURCE, self.file_name(), self.body())
-    }
-
-    /// The `extern "C"` kernels the source defines.
-    pub const fn entry_points(self) -> &'static [&'static str] {
-        match self {
-            KernelSource::Gather => &["gear_gather"],
-            KernelSource::Sample => {
-                &["gear_prio_chunks", "gear_prio_scan", "gear_prio_prefix", "gear_sample_draws", "gear_drawn_rows"]
-            }
-            KernelSource::Priority => {
-                &["gear_scatter_f64", "gear_scatter_u64", "gear_topk_init", "gear_topk_step", "gear_topk_emit"]
-            }
-        }
-    }
-}
-
-/// One kernel: the id the per-context cache is keyed by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KernelFn {
-    /// `gear_gather`.
-    Gather,
-    /// `gear_prio_chunks`.
-    PrioChunks,
-    /// `gear_prio_scan`.
-    PrioScan,
-    /// `gear_prio_prefix`.
-    PrioPrefix,
-    /// `gear_sample_draws`.
-    SampleDraws,
-    /// `gear_drawn_rows`.
-    DrawnRows,
-    /// `gear_scatter_f64`.
-    ScatterF64,
-    /// `gear_scatter_u64`.
-    ScatterU64,
-    /// `gear_topk_init`.
-    TopkInit,
-    /// `gear_topk_step`.
-    TopkStep,
-    /// `gear_topk_emit`.
-    TopkEmit,
-}
-
-impl KernelFn {
-    /// Every kernel.
-    pub const ALL: [KernelFn; 11] = [
-        KernelFn::Gather,
-        KernelFn::PrioChunks,
-        KernelFn::PrioScan,
-        KernelFn::PrioPrefix,
-        KernelFn::SampleDraws,
-        KernelFn::DrawnRows,
-        KernelFn::ScatterF64,
-        KernelFn::ScatterU64,
-        KernelFn::TopkInit,
-        KernelFn::TopkStep,
-        KernelFn::TopkEmit,
-    ];
-
-    /// The source that defines it.
-    pub const fn source(self) -> KernelSource {
-        match self {
-            KernelFn::Gather => KernelSource::Gather,
-            KernelFn::PrioChunks
-            | KernelFn::PrioScan
-            | KernelFn::PrioPrefix
-            | KernelFn::SampleDraws
-            | KernelFn::DrawnRows => KernelSource::Sample,
-            KernelFn::ScatterF64
-            | KernelFn::ScatterU64
-            | KernelFn::TopkInit
-            | KernelFn::TopkStep
-            | KernelFn::TopkEmit => KernelSource::Priority,
-        }
-    }
-
-    /// The symbol name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            KernelFn::Gather => "gear_gather",
-            KernelFn::PrioChunks => "gear_prio_chunks",
-            KernelFn::PrioScan => "gear_prio_scan",
-            KernelFn::PrioPrefix => "gear_prio_prefix",
-            KernelFn::SampleDraws => "gear_sample_draws",
-            KernelFn::DrawnRows => "gear_drawn_rows",
-            KernelFn::ScatterF64 => "gear_scatter_f64",
-            KernelFn::ScatterU64 => "gear_scatter_u64",
-            KernelFn::TopkInit => "gear_topk_init",
-            KernelFn::TopkStep => "gear_topk_step",
-            KernelFn::TopkEmit => "gear_topk_emit",
-        }
-    }
-}
+pub use gear_device::kernels::{KernelFn, KernelSource, Param, COMMON_SOURCE};
 
 /// What NVRTC produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -300,19 +170,5 @@ mod tests {
             assert_eq!(images_for(s, (8, 9)).iter().map(|i| i.target).collect::<Vec<_>>(), ["compute_80"]);
             assert!(images_for(s, (7, 5)).is_empty());
         }
-    }
-
-    #[test]
-    fn every_entry_point_is_in_its_source_and_every_fn_is_listed() {
-        for s in KernelSource::ALL {
-            for e in s.entry_points() {
-                assert!(s.body().contains(&format!("void {e}(")), "{e} not in {}", s.file_name());
-            }
-        }
-        for f in KernelFn::ALL {
-            assert!(f.source().entry_points().contains(&f.name()));
-        }
-        let listed: usize = KernelSource::ALL.iter().map(|s| s.entry_points().len()).sum();
-        assert_eq!(listed, KernelFn::ALL.len());
     }
 }

@@ -303,13 +303,6 @@ impl NvrtcLib {
     }
 }
 
-/// The text compiled for one kernel file: the shared prelude, a `#line`
-/// directive, then the file. Shared with `build.rs` so build-time and
-/// run-time images come from the same text.
-pub fn compose_source(common: &str, file_name: &str, body: &str) -> String {
-    format!("{common}\n#line 1 \"{file_name}\"\n{body}")
-}
-
 /// FNV-1a of `bytes`: recorded beside build-time images so a test can check
 /// they were compiled from the sources now embedded.
 pub fn fnv1a(bytes: &[u8]) -> u64 {

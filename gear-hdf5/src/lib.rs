@@ -88,6 +88,8 @@
 //! hdf5-pure's `FileBuilder` writes a file from datasets it holds. See
 //! [`export`].
 
+// No unsafe code here; keep it that way (Miri and review focus on the crates that have some).
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod error;

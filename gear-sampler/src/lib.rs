@@ -45,6 +45,8 @@
 //! Architecture invariant: gear-sampler depends only on gear-core; it knows
 //! nothing of tables, memory or devices, only keys and priorities.
 
+// No unsafe code here; keep it that way (Miri and review focus on the crates that have some).
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod error;

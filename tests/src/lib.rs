@@ -6,6 +6,9 @@
 //! would write one: against `gear_core::Selector` only, with no access to
 //! our crates' internals, and handed to the table builder unchanged.
 
+// No unsafe code here; keep it that way (Miri and review focus on the crates that have some).
+#![forbid(unsafe_code)]
+
 use gear_core::{Error, RandomSource, Result, Sampled, Selector, SlotKey};
 use std::collections::BTreeMap;
 

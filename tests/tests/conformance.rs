@@ -3,16 +3,20 @@
 //! proves itself by adding a [`Backend`] variant and passing this file.
 //!
 //! Backends here: the process-private host pool, a shared-memory table in
-//! `/dev/shm`, and, with the `cuda` feature and a GPU, the CUDA sampler
-//! gathering zero-copy from a shared table into device memory (skipped
-//! with a printed reason where no GPU is usable, a failure under
-//! `GEAR_REQUIRE_GPU=1`; `cargo xtask gpu-test` packs this suite for GPU
-//! machines). Each test builds its table through [`Backend::build`] and
-//! samples through [`Backend::sample`], which returns the batch as host
-//! bytes whatever memory the backend gathers into.
+//! `/dev/shm`, gear-api's device sampler on gear-device's CPU device (the
+//! GPU kernels on worker threads, reporting any ordering misuse) selecting
+//! on the device and through a device cache, in every CI run, and, with the
+//! `cuda` feature and a GPU, the same two on CUDA (skipped with a printed
+//! reason where no GPU is usable, a failure under `GEAR_REQUIRE_GPU=1`;
+//! `cargo xtask gpu-test` packs this suite for GPU machines). Each test
+//! builds its table through [`Backend::build`] and samples through
+//! [`Backend::sample`], which returns the batch as host bytes whatever
+//! memory the backend gathers into.
 
-use gear_api::{Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableBuilder};
-use gear_core::{ColumnSpec, DType, Pad, SlotKey, TableSpec, WindowSpec};
+use gear_api::{
+    DeviceSampler, DeviceSamplerOptions, Error, RateLimiterConfig, ReplayTable, SampleConfig, StepValue, TableBuilder,
+};
+use gear_core::{ColumnSpec, DType, DeviceApi, Pad, SlotKey, TableSpec, WindowSpec};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,18 +27,33 @@ enum Backend {
     Host,
     /// Named shared memory in `/dev/shm`.
     Shared,
-    /// A shared table sampled by the CUDA sampler into device memory.
+    /// A shared table sampled into the CPU device's memory, selecting on
+    /// the device when the strategy has a rule.
+    CpuDevice,
+    /// The same through a device cache (selection on the host).
+    CpuDeviceCache,
+    /// A shared table sampled by the CUDA sampler into device memory,
+    /// selecting on the GPU when the strategy has a rule.
     #[cfg(feature = "cuda")]
     Cuda,
+    /// The same through a device cache.
+    #[cfg(feature = "cuda")]
+    CudaCache,
 }
 
 /// The backends the features select and the machine can run.
 fn backends() -> Vec<Backend> {
-    #[allow(unused_mut)]
     let mut all = vec![Backend::Host, Backend::Shared];
+    match gear_device::CpuDevice::new() {
+        Ok(_) => all.extend([Backend::CpuDevice, Backend::CpuDeviceCache]),
+        Err(e) if std::env::var("GEAR_REQUIRE_CXX").is_ok_and(|v| v == "1") => {
+            panic!("GEAR_REQUIRE_CXX=1 but the CPU device is unavailable: {e}")
+        }
+        Err(e) => eprintln!("backend CpuDevice skipped: {e}"),
+    }
     #[cfg(feature = "cuda")]
     match gear_cuda::CudaDevice::new(0) {
-        Ok(_) => all.push(Backend::Cuda),
+        Ok(_) => all.extend([Backend::Cuda, Backend::CudaCache]),
         Err(e) if std::env::var("GEAR_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
             panic!("GEAR_REQUIRE_GPU=1 but the CUDA backend is unavailable: {e}")
         }
@@ -57,8 +76,9 @@ impl Backend {
     fn build(self, builder: TableBuilder) -> ReplayTable {
         let builder = match self {
             Backend::Host => builder,
+            Backend::CpuDevice | Backend::CpuDeviceCache => return Backend::Shared.build(builder),
             #[cfg(feature = "cuda")]
-            Backend::Cuda => return Backend::Shared.build(builder),
+            Backend::Cuda | Backend::CudaCache => return Backend::Shared.build(builder),
             Backend::Shared => {
                 static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                 let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -69,25 +89,24 @@ impl Backend {
     }
 
     fn sample(self, table: &ReplayTable, config: SampleConfig, batches: usize) -> Vec<HostBatch> {
-        #[cfg(feature = "cuda")]
-        if let Backend::Cuda = self {
-            // A ring of one: no batch is drawn ahead, so deterministic
-            // strategies see exactly the draws the other backends see.
-            let options = gear_api::CudaSamplerOptions::default().ring(1);
-            let mut sampler = table.cuda_sampler(config, options).unwrap();
-            return (0..batches)
-                .map(|_| {
-                    let b = sampler.sample().unwrap();
-                    b.synchronize().unwrap();
-                    HostBatch {
-                        columns: (0..b.columns()).map(|i| b.column_to_host(i).unwrap()).collect(),
-                        keys: b.keys().to_vec(),
-                        lengths: b.lengths().to_vec(),
-                        probabilities: b.probabilities().to_vec(),
-                        weights: b.weights().to_vec(),
-                    }
-                })
-                .collect();
+        match self {
+            Backend::CpuDevice | Backend::CpuDeviceCache => {
+                let dev = gear_device::CpuDevice::new().unwrap();
+                let sampler = table
+                    .device_sampler::<gear_device::CpuDeviceApi>(
+                        &dev,
+                        config,
+                        device_options(matches!(self, Backend::CpuDeviceCache)),
+                    )
+                    .unwrap();
+                return device_batches(sampler, batches);
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda | Backend::CudaCache => {
+                let sampler = table.cuda_sampler(config, device_options(matches!(self, Backend::CudaCache))).unwrap();
+                return device_batches(sampler, batches);
+            }
+            Backend::Host | Backend::Shared => {}
         }
         let mut sampler = table.sampler(config).unwrap();
         (0..batches)
@@ -103,6 +122,35 @@ impl Backend {
             })
             .collect()
     }
+}
+
+/// A device sampler's options here: a ring of one, so that no batch is
+/// drawn ahead and deterministic strategies see exactly the draws the other
+/// backends see; with `cache`, a device cache admitting every row.
+fn device_options<A: DeviceApi>(cache: bool) -> DeviceSamplerOptions<A> {
+    let o = DeviceSamplerOptions::default().ring(1);
+    if cache {
+        o.cache(4, 1)
+    } else {
+        o
+    }
+}
+
+/// `batches` batches of a device sampler, copied to the host.
+fn device_batches<A: DeviceApi>(mut sampler: DeviceSampler<A>, batches: usize) -> Vec<HostBatch> {
+    (0..batches)
+        .map(|_| {
+            let b = sampler.sample().unwrap();
+            b.synchronize().unwrap();
+            HostBatch {
+                columns: (0..b.columns()).map(|i| b.column_to_host(i).unwrap()).collect(),
+                keys: b.keys().to_vec(),
+                lengths: b.lengths().to_vec(),
+                probabilities: b.probabilities().to_vec(),
+                weights: b.weights().to_vec(),
+            }
+        })
+        .collect()
 }
 
 /// Runs `test` against every backend, naming the backend on failure.

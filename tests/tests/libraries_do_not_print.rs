@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 
 /// The library crates: everything but the `gear` binary, xtask and tests.
-const LIBRARIES: [&str; 10] = [
+const LIBRARIES: [&str; 11] = [
     "gear-core",
     "gear-cpu",
     "gear-sampler",
     "gear-cuda",
+    "gear-device",
     "gear-rdma",
     "gear-tcp",
     "gear-api",

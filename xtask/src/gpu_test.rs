@@ -1,11 +1,8 @@
-//! `cargo xtask gpu-test`: builds gear-cuda's test, bench and example
-//! binaries, gear-api's CUDA sampler test (`gear-api/tests/cuda.rs`,
-//! feature `cuda`, packed as `gear_api_cuda`), the conformance suite of the
-//! `tests` crate with the CUDA sampler among its backends (`tests_conformance`)
-//! and the `gear` binary with the
-//! `cuda` feature, strips them, and puts them into a self-contained folder
-//! (default `target/gpu-test/`) with a `run.sh` that runs them on a GPU
-//! machine that has no cargo; it runs it here when this machine has a GPU.
+//! `cargo xtask gpu-test`: packs everything a GPU machine needs to check
+//! GEAR's GPU path, into a self-contained folder (default
+//! `target/gpu-test/`) whose one command, `./run.sh` (`all`), runs it and
+//! writes one report file to bring back; it runs it here when this machine
+//! has a GPU.
 //!
 //! ```text
 //! cargo xtask gpu-test [--out DIR] [--run | --build-only]
@@ -17,31 +14,37 @@
 //!   default it runs when an NVIDIA GPU is visible (`nvidia-smi -L`
 //!   succeeds or `/dev/nvidia0` exists).
 //!
-//! The package carries no NVRTC: the kernels are compiled to PTX and CUBIN
-//! when gear-cuda is built (`gear-cuda/build.rs`), so the build needs NVRTC
-//! (`GEAR_NVRTC_DIR`, or `.ci/nvrtc` from `gear-cuda/ci/install-nvrtc.sh`)
-//! and this command refuses to pack a gear-cuda built without it. The GPU
-//! machine needs only the NVIDIA driver (CUDA 13, r580 or newer) and a
-//! glibc at least as new as the one the binaries were linked against
-//! (`run.sh` prints the requirement). The folder must stay under
-//! [`MAX_PACKAGE_BYTES`] (the tool that carries it takes at most 64 MiB).
+//! The package (stripped, release): gear-cuda's tests (the device suite on
+//! CUDA, NVRTC checks, unit tests), gear-api's CUDA sampler suite
+//! (`gear_api_cuda`), the conformance suite with CUDA among its backends
+//! (`tests_conformance`: GPU selection and the device cache), the `gear`
+//! binary with the `cuda` feature (bench, `device-soak`, `train-bench`),
+//! `cuda_bench`, the criterion benches, and `rdma_loopback` when gear-rdma's
+//! `rdma` feature builds here. `run.sh` is `xtask/src/gpu_run.sh` with the
+//! package's lists filled in; see its header for the steps.
 //!
-//! `run.sh` sets `GEAR_REQUIRE_GPU=1` (a skipped device test fails), runs
-//! every test binary, then the `cuda_bench` example and
-//! `gear bench --backend cuda` (and the criterion benches when
-//! `GEAR_GPU_CRITERION=1`), and exits non-zero if anything failed.
+//! The package carries no NVRTC: the kernels are compiled to PTX and CUBIN
+//! when gear-cuda is built (`gear-cuda/build.rs`), with the NVRTC this
+//! command installs the way `.ci/run` does (`gear-cuda/ci/install-nvrtc.sh`
+//! into `.ci/nvrtc`) unless `GEAR_NVRTC_DIR` names one; it refuses to pack
+//! a gear-cuda built without kernel images. The GPU machine needs only the
+//! NVIDIA driver (CUDA 13, r580 or newer) and a glibc at least as new as the
+//! one the binaries were linked against (`run.sh` prints the requirement).
+//! The folder must stay under [`MAX_PACKAGE_BYTES`] (the tool that carries
+//! it takes at most 64 MiB).
 
 use anyhow::{bail, Context, Result};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Usage text for `cargo xtask help`.
 pub const USAGE: &str = "gpu-test [--out DIR] [--run | --build-only]
-    build gear-cuda's tests, gear-api's cuda test and `gear` (stripped, kernels
-    precompiled to PTX/CUBIN, no NVRTC) into DIR (default target/gpu-test) with
-    a run.sh for GPU machines without cargo; run them when a GPU is present.
-    On the GPU machine: `cd DIR && ./run.sh` (needs only the NVIDIA driver)";
+    pack every CUDA test, the conformance suite, `gear` (bench, device-soak,
+    train-bench), the benches and rdma_loopback (stripped, kernels precompiled
+    to PTX/CUBIN with an NVRTC installed on the way) into DIR (default
+    target/gpu-test) with a run.sh for GPU machines without cargo; run it
+    when a GPU is present. On the GPU machine: `cd DIR && ./run.sh` (all;
+    needs only the NVIDIA driver), which writes one report file";
 
 /// The most the package may weigh: the tool that carries work to a GPU
 /// machine takes at most 64 MiB, and this leaves room beside it.
@@ -106,10 +109,17 @@ fn workspace_root() -> PathBuf {
 /// Runs a cargo command with `--message-format=json` and returns the
 /// executables of `role` that the crate in directory `krate` (`gear-cuda`,
 /// `gear-api`) built, from its compiler-artifact messages.
-fn cargo_executables(root: &Path, krate: &str, args: &[&str], role: &'static str) -> Result<Vec<Artifact>> {
+fn cargo_executables(
+    root: &Path,
+    krate: &str,
+    args: &[&str],
+    role: &'static str,
+    env: &[(String, String)],
+) -> Result<Vec<Artifact>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(root).args(args).arg("--message-format=json").stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     eprintln!("gpu-test: {cargo} {}", args.join(" "));
     let out = cmd.output().with_context(|| format!("running {cargo}"))?;
     if !out.status.success() {
@@ -163,64 +173,96 @@ fn gpu_present() -> bool {
     smi || Path::new("/dev/nvidia0").exists()
 }
 
-fn run_script(tests: &[Artifact], bench: &[Artifact], examples: &[Artifact], glibc: &str) -> String {
-    let mut s = String::from(
-        r#"#!/usr/bin/env bash
-# Runs gear-cuda's tests and bench on a GPU machine; needs no cargo.
-# Generated by `cargo xtask gpu-test`; see gear-cuda/README.md.
-#   ./run.sh                      tests (GEAR_REQUIRE_GPU=1) then the bench
-#   GEAR_GPU_CRITERION=1 ./run.sh also the criterion benches
-# Needs only the NVIDIA driver: the kernels are embedded as PTX/CUBIN.
-set -uo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export GEAR_REQUIRE_GPU=1
-nvidia-smi -L 2>/dev/null || echo "run.sh: nvidia-smi not found or failed"
-echo "run.sh: built for glibc >= @GLIBC@; here: $(ldd --version 2>/dev/null | head -n1)"
-echo "GEAR_NVRTC_DIR=${GEAR_NVRTC_DIR:-<unset: not needed unless a kernel image does not load>}"
-failed=()
-run() {
-    local name="$1"; shift
-    echo
-    echo "== $name"
-    if ! "$here/bin/$name" "$@"; then failed+=("$name"); fi
-}
-"#,
-    );
-    for t in tests {
-        let _ = writeln!(s, "run {} --test-threads=1", t.name);
-    }
-    for e in examples {
-        let _ = writeln!(s, "run {}", e.name);
-    }
-    s.push_str(GEAR_BENCH_LINES);
-    if !bench.is_empty() {
-        s.push_str("if [[ \"${GEAR_GPU_CRITERION:-0}\" == 1 ]]; then\n");
-        for b in bench {
-            let _ = writeln!(s, "    run {} --bench", b.name);
-        }
-        s.push_str("fi\n");
-    }
-    s = s.replace("@GLIBC@", glibc);
-    s.push_str(
-        r#"echo
-if (( ${#failed[@]} )); then
-    echo "run.sh: FAILED: ${failed[*]}"
-    exit 1
-fi
-echo "run.sh: all passed"
-"#,
-    );
-    s
+/// The package's `run.sh`: `xtask/src/gpu_run.sh` with its lists filled
+/// in (test binaries, criterion benches, the commit, the glibc needed).
+fn run_script(tests: &[Artifact], benches: &[Artifact], glibc: &str, commit: &str) -> String {
+    let names = |a: &[Artifact]| a.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(" ");
+    include_str!("gpu_run.sh")
+        .replace("@TESTS@", &names(tests))
+        .replace("@BENCHES@", &names(benches))
+        .replace("@COMMIT@", commit)
+        .replace("@GLIBC@", glibc)
 }
 
-/// `gear bench --backend cuda` at batch sizes 32 to 1024, then once with an
-/// odd T (127 steps: slot strides and window starts not 16-byte aligned,
-/// so the gather's realigned path carries the bytes).
-const GEAR_BENCH_LINES: &str = r#"for b in 32 128 256 1024; do
-    run gear bench --backend cuda --batch "$b" --batches 200
-done
-run gear bench --backend cuda --batch 256 --steps 127 --batches 200
-"#;
+/// The commit the package is built from, with `-dirty` when the working
+/// tree has changes.
+fn commit_of(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head}-dirty")
+    } else {
+        head
+    }
+}
+
+/// The NVRTC library directory to build gear-cuda's kernel images with:
+/// `GEAR_NVRTC_DIR`, else `.ci/nvrtc`, installed there first by
+/// `gear-cuda/ci/install-nvrtc.sh` (as `.ci/run` does) when missing.
+fn nvrtc_dir(root: &Path) -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("GEAR_NVRTC_DIR").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d));
+    }
+    let default = root.join(".ci/nvrtc/nvidia/cu13/lib");
+    if default.join("libnvrtc.so.13").exists() {
+        return Ok(default);
+    }
+    eprintln!("gpu-test: installing NVRTC with gear-cuda/ci/install-nvrtc.sh");
+    let out = Command::new("bash")
+        .current_dir(root)
+        .arg("gear-cuda/ci/install-nvrtc.sh")
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running gear-cuda/ci/install-nvrtc.sh")?;
+    if !out.status.success() {
+        bail!(
+            "gear-cuda/ci/install-nvrtc.sh failed ({}); set GEAR_NVRTC_DIR to an NVRTC 13 library directory",
+            out.status
+        );
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !dir.join("libnvrtc.so.13").exists() {
+        bail!("install-nvrtc.sh printed {}, which has no libnvrtc.so.13", dir.display());
+    }
+    Ok(dir)
+}
+
+/// gear-rdma's build environment (cmake and libclang from
+/// `gear-rdma/ci/install-build-deps.sh`, as `.ci/run` installs them), as
+/// the variables to set, or why it is not there.
+fn rdma_build_env(root: &Path) -> std::result::Result<Vec<(String, String)>, String> {
+    let script = r#"build_env="$(bash gear-rdma/ci/install-build-deps.sh)" && eval "$build_env" && \
+        printf '%s\0' "PATH=$PATH" "LIBCLANG_PATH=${LIBCLANG_PATH:-}" "BINDGEN_EXTRA_CLANG_ARGS=${BINDGEN_EXTRA_CLANG_ARGS:-}""#;
+    let out = Command::new("bash")
+        .current_dir(root)
+        .args(["-c", script])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running install-build-deps.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("install-build-deps.sh failed ({})", out.status));
+    }
+    Ok(parse_env(&out.stdout))
+}
+
+/// NUL-separated `KEY=VALUE` entries (empty values dropped).
+fn parse_env(bytes: &[u8]) -> Vec<(String, String)> {
+    bytes
+        .split(|&b| b == 0)
+        .filter_map(|e| std::str::from_utf8(e).ok()?.split_once('='))
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
 
 /// Strips symbols and debug info from `path` in place (binutils `strip`,
 /// else `objcopy --strip-all`).
@@ -283,41 +325,43 @@ pub fn run(args: &[String]) -> Result<()> {
     let opts = parse(args)?;
     let root = workspace_root();
     let out = opts.out.clone().unwrap_or_else(|| root.join("target/gpu-test"));
+    let nvrtc = vec![("GEAR_NVRTC_DIR".to_owned(), nvrtc_dir(&root)?.display().to_string())];
+    let build = |krate: &str, args: &[&str], role: &'static str| cargo_executables(&root, krate, args, role, &nvrtc);
 
-    let mut tests =
-        cargo_executables(&root, "gear-cuda", &["test", "-p", "gear-cuda", "--release", "--no-run"], "test")?;
+    let mut tests = build("gear-cuda", &["test", "-p", "gear-cuda", "--release", "--no-run"], "test")?;
     if tests.is_empty() {
         bail!("cargo reported no gear-cuda test executables");
     }
     let api_args = ["test", "-p", "gear-api", "--features", "cuda", "--release", "--test", "cuda", "--no-run"];
-    let api = cargo_executables(&root, "gear-api", &api_args, "test")?;
+    let api = build("gear-api", &api_args, "test")?;
     if api.is_empty() {
         bail!("cargo reported no executable for gear-api's cuda test");
     }
     tests.extend(api.into_iter().map(|a| Artifact { name: format!("gear_api_{}", a.name), ..a }));
-    // The conformance suite, with the CUDA sampler as one of its backends.
+    // The conformance suite, with the CUDA sampler among its backends.
     let conformance_args =
         ["test", "-p", "tests", "--features", "cuda", "--release", "--test", "conformance", "--no-run"];
-    let conformance = cargo_executables(&root, "tests", &conformance_args, "test")?;
+    let conformance = build("tests", &conformance_args, "test")?;
     if conformance.is_empty() {
         bail!("cargo reported no executable for the conformance suite");
     }
     tests.extend(conformance.into_iter().map(|a| Artifact { name: format!("tests_{}", a.name), ..a }));
-    let bench = cargo_executables(&root, "gear-cuda", &["bench", "-p", "gear-cuda", "--no-run"], "bench")?;
-    let examples = cargo_executables(
-        &root,
-        "gear-cuda",
-        &["build", "-p", "gear-cuda", "--release", "--example", "cuda_bench"],
-        "example",
-    )?;
-    let gear = cargo_executables(
-        &root,
-        "gear-cli",
-        &["build", "-p", "gear-cli", "--features", "cuda", "--release", "--bin", "gear"],
-        "bin",
-    )?;
+    let bench = build("gear-cuda", &["bench", "-p", "gear-cuda", "--no-run"], "bench")?;
+    let mut examples =
+        build("gear-cuda", &["build", "-p", "gear-cuda", "--release", "--example", "cuda_bench"], "example")?;
+    let gear =
+        build("gear-cli", &["build", "-p", "gear-cli", "--features", "cuda", "--release", "--bin", "gear"], "bin")?;
     if gear.len() != 1 {
         bail!("cargo reported {} `gear` executables, expected 1", gear.len());
+    }
+    // rdma_loopback needs sideway's build (cmake, libclang); without it the
+    // package says so and run.sh reports the step unavailable.
+    let rdma_args = ["build", "-p", "gear-rdma", "--features", "rdma", "--release", "--example", "rdma_loopback"];
+    match rdma_build_env(&root)
+        .and_then(|env| cargo_executables(&root, "gear-rdma", &rdma_args, "example", &env).map_err(|e| e.to_string()))
+    {
+        Ok(rdma) => examples.extend(rdma),
+        Err(e) => eprintln!("gpu-test: rdma_loopback not packed: {e}"),
     }
 
     let bin = out.join("bin");
@@ -343,7 +387,8 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
     let script = out.join("run.sh");
-    std::fs::write(&script, run_script(&tests, &bench, &examples, &format!("{}.{}", glibc.0, glibc.1)))?;
+    let commit = commit_of(&root);
+    std::fs::write(&script, run_script(&tests, &bench, &format!("{}.{}", glibc.0, glibc.1), &commit))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -352,7 +397,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let names: Vec<&str> = tests.iter().chain(&bench).chain(&examples).chain(&gear).map(|a| a.name.as_str()).collect();
     let bytes = folder_bytes(&out)?;
     println!(
-        "gpu-test: wrote {} ({bytes} bytes, needs glibc >= {}.{}: {})",
+        "gpu-test: wrote {} ({bytes} bytes, commit {commit}, needs glibc >= {}.{}: {})",
         out.display(),
         glibc.0,
         glibc.1,
@@ -362,7 +407,11 @@ pub fn run(args: &[String]) -> Result<()> {
 
     let run_now = opts.run.unwrap_or_else(gpu_present);
     if !run_now {
-        println!("gpu-test: no GPU here (or --build-only); copy {} to a GPU machine and run ./run.sh", out.display());
+        println!(
+            "gpu-test: no GPU here (or --build-only); copy {} to a GPU machine and run ./run.sh (it writes one \
+             report file)",
+            out.display()
+        );
         return Ok(());
     }
     let status = Command::new("bash").arg(&script).status().context("running run.sh")?;
@@ -408,15 +457,118 @@ mod tests {
         assert!(parse_artifacts(&lines, "gear-cuda", "test").unwrap().is_empty());
     }
 
+    fn artifact(name: &str, role: &'static str) -> Artifact {
+        Artifact { name: name.into(), role, path: PathBuf::new() }
+    }
+
     #[test]
-    fn script_runs_tests_then_bench() {
-        let a = |name: &str, role| Artifact { name: name.into(), role, path: PathBuf::new() };
-        let s = run_script(&[a("device", "test")], &[a("cuda_gather", "bench")], &[a("cuda_bench", "example")], "2.34");
-        let t = s.find("run device").unwrap();
-        let e = s.find("run cuda_bench").unwrap();
-        let g = s.find("run gear bench --backend cuda").unwrap();
-        assert!(t < e && e < g && s.contains("GEAR_REQUIRE_GPU=1") && s.contains("run cuda_gather --bench"));
-        assert!(s.contains("glibc >= 2.34") && !s.contains("@GLIBC@") && !s.contains("nvrtc/"));
+    fn script_lists_the_package_and_every_step() {
+        let s = run_script(&[artifact("device", "test")], &[artifact("cuda_gather", "bench")], "2.34", "abc123");
+        assert!(s.contains("tests=(device)") && s.contains("benches=(cuda_gather)"));
+        assert!(s.contains("glibc=\"2.34\"") && s.contains("commit=\"abc123\""));
+        for p in ["@TESTS@", "@BENCHES@", "@COMMIT@", "@GLIBC@"] {
+            assert!(!s.contains(p), "{p} is filled");
+        }
+        for step in ["do_tests", "do_sanitize", "do_soak", "do_bench", "do_train", "do_rdma"] {
+            assert!(s.contains(step), "{step}");
+        }
+    }
+
+    /// A fake package: `bin/` scripts standing in for the binaries, each
+    /// printing how it was called (and the GEAR_REQUIRE_GPU it saw);
+    /// `failing` exits 1.
+    fn fake_package(dir: &Path, tests: &[&str], failing: &str) -> PathBuf {
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let fake = |name: &str, code: i32| {
+            let body = format!(
+                "#!/usr/bin/env bash\necho \"fake {name} $* GEAR_REQUIRE_GPU=${{GEAR_REQUIRE_GPU:-}}\"\nexit {code}\n"
+            );
+            let path = bin.join(name);
+            std::fs::write(&path, body).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        for t in tests {
+            fake(t, i32::from(*t == failing));
+        }
+        for b in ["gear", "cuda_bench", "cuda_gather"] {
+            fake(b, 0);
+        }
+        let arts: Vec<Artifact> = tests.iter().map(|t| artifact(t, "test")).collect();
+        let script = dir.join("run.sh");
+        std::fs::write(&script, run_script(&arts, &[artifact("cuda_gather", "bench")], "2.34", "c0ffee")).unwrap();
+        script
+    }
+
+    /// `run.sh`'s logic, run here with fake binaries: every step runs or is
+    /// reported unavailable with its reason, a failing binary fails the
+    /// run, and everything lands in the one report file.
+    #[test]
+    fn run_sh_runs_every_step_and_writes_one_report() {
+        let dir = std::env::temp_dir().join(format!("gear-run-sh-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tests = ["gear_cuda_unit", "device", "gear_api_cuda", "tests_conformance"];
+        let script = fake_package(&dir, &tests, "tests_conformance");
+        let report = dir.join("report.txt");
+        let sanitizer = dir.join("bin/fake-sanitizer");
+        std::fs::write(&sanitizer, "#!/usr/bin/env bash\necho \"sanitizer $*\"\nexec \"${@: -2:1}\" \"${@: -1}\"\n")
+            .unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&sanitizer, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let run = |args: &[&str], env: &[(&str, &str)]| {
+            let out = Command::new("bash")
+                .arg(&script)
+                .args(args)
+                .env("GEAR_REPORT", &report)
+                .env("GEAR_SOAK_SECONDS", "1")
+                .envs(env.iter().copied())
+                .output()
+                .unwrap();
+            (out.status.code(), std::fs::read_to_string(&report).unwrap_or_default())
+        };
+        let (code, text) = run(&["all"], &[("COMPUTE_SANITIZER", sanitizer.to_str().unwrap())]);
+        assert_eq!(code, Some(1), "a failing test fails the run:\n{text}");
+        for want in [
+            "built from commit c0ffee",
+            "fake device --test-threads=1 GEAR_REQUIRE_GPU=1",
+            "PASS         test device",
+            "FAIL         test tests_conformance",
+            "sanitizer --tool memcheck --error-exitcode 99",
+            "PASS         compute-sanitizer racecheck gear_api_cuda",
+            "fake gear device-soak --backend cuda --seconds 1",
+            "PASS         soak 1s",
+            "fake gear bench --backend cuda --batch 1024 --batches 200",
+            "fake cuda_gather --bench",
+            "fake gear train-bench --backend cuda",
+            "UNAVAILABLE  rdma_loopback (not in the package",
+            "run.sh: FAILED",
+        ] {
+            assert!(text.contains(want), "report lacks `{want}`:\n{text}");
+        }
+        // One step alone, on the CPU device, passing.
+        let (code, text) = run(&["soak", "2"], &[("GEAR_GPU_BACKEND", "cpu-device")]);
+        assert_eq!(code, Some(0), "{text}");
+        assert!(text.contains("fake gear device-soak --backend cpu-device --seconds 2") && text.contains("all passed"));
+        // Without a compute-sanitizer the sanitizer steps say so.
+        let no_cs = !Path::new("/usr/local/cuda/bin/compute-sanitizer").exists()
+            && !Command::new("bash").args(["-c", "command -v compute-sanitizer"]).status().unwrap().success();
+        if no_cs {
+            let (code, text) = run(&["sanitize"], &[]);
+            assert_eq!(code, Some(0), "{text}");
+            assert!(text.contains("UNAVAILABLE  compute-sanitizer memcheck device (no compute-sanitizer"), "{text}");
+        }
+        let (code, _) = run(&["nonsense"], &[]);
+        assert_eq!(code, Some(2));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn environments_are_read_from_nul_separated_entries() {
+        let env = parse_env(b"PATH=/a:/b\0LIBCLANG_PATH=\0BINDGEN_EXTRA_CLANG_ARGS=-I/x y\0");
+        assert_eq!(env, [("PATH".into(), "/a:/b".into()), ("BINDGEN_EXTRA_CLANG_ARGS".into(), "-I/x y".into())]);
     }
 
     #[test]

@@ -28,6 +28,9 @@
 //!   `--mib`, `--read-kib`, `--batch`, `--seconds`). Fails without a device
 //!   unless `GEAR_REQUIRE_RDMA=0`.
 
+// No unsafe code here; keep it that way (Miri and review focus on the crates that have some).
+#![forbid(unsafe_code)]
+
 mod compare;
 mod gpu_test;
 mod hdf5_bench;

@@ -535,7 +535,6 @@ impl ReplayTable {
     /// The trajectory a sampled row's key reads (the key itself, or an
     /// item's trajectory) and how many times the key was sampled; `None`
     /// when the key is stale or out of range.
-    #[cfg(feature = "cuda")]
     pub(crate) fn trajectory_sampled(&self, key: SlotKey) -> Option<(SlotKey, u64)> {
         let region = &self.shared.region;
         if !key.is_item() {

@@ -42,7 +42,7 @@
 //   repair, reclamation, waits);
 // * `insert`: the writer's side (slots, eviction, commit, abandon);
 // * `select`: the sampler's side (admission, draws, checks, retirement);
-// * `device` (feature `cuda`): admission of device draws and the slots a
+// * `device`: admission of device draws and the slots a
 //   device mirror must rewrite, from the change log.
 // * `items`: items over stored trajectories (commit, eviction, reclaim and
 //   additions of items; the sampler's keys are items', the remover's
@@ -51,7 +51,6 @@
 mod attach;
 mod builder;
 pub mod checkpoint;
-#[cfg(feature = "cuda")]
 mod device;
 mod export;
 mod insert;
@@ -64,7 +63,6 @@ pub use attach::{shared_tables, AttachOptions};
 pub use builder::TableBuilder;
 use builder::{policy, StrategyChoice};
 pub use checkpoint::{latest_checkpoint, CheckpointReport};
-#[cfg(feature = "cuda")]
 pub(crate) use device::{DeviceCursor, DeviceSlot};
 pub use export::CommittedTrajectory;
 pub use items::{NewItem, StoredItem};

@@ -68,12 +68,6 @@ impl TableMemory {
         TableMemory { table }
     }
 
-    /// The table it keeps open.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn table(&self) -> &ReplayTable {
-        &self.table
-    }
-
     fn region(&self) -> &dyn MemoryRegion {
         &**self.table.shared.region.region()
     }

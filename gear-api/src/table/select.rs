@@ -67,7 +67,6 @@ pub(crate) struct Selection {
 
 impl ReplayTable {
     /// The table's `max_times_sampled`, if set.
-    #[cfg(feature = "cuda")]
     pub(crate) fn max_times_sampled(&self) -> Option<u64> {
         self.shared.max_times_sampled
     }

@@ -1,12 +1,14 @@
 // Runs the GEAR kernels on the CPU through shim.h. Reads commands from
 // stdin and writes results to stdout, all as little-endian 64-bit words and
-// raw bytes; the protocol is defined by tests/cpu_shim.rs, which builds this
+// raw bytes; the protocol is defined by tests/cpu_shim.rs (gear-device), which builds this
 // file with g++ and compares the results with CPU references.
+#define GEAR_SHIM_COUNT_LOADS 1
 #include "shim.h"
 #include "common.cuh"
 #include "gather.cu"
 #include "sample.cu"
 #include "priority.cu"
+#include "bench.cu"
 
 #include <cstdio>
 #include <cstdlib>

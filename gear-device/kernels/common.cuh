@@ -2,10 +2,13 @@
 // each .cu file before handing the text to NVRTC; the CPU test shim
 // (tests/shim/shim.h) includes it after defining the CUDA built-ins.
 //
-// Rules for kernel sources, so that one text compiles under both NVRTC and
-// g++: no #include, no block-level synchronisation (__syncthreads, shared
-// memory), no atomics, no warp intrinsics; only these typedefs, C++17 and
-// the math functions pow/fmin/fmax, which NVRTC provides built in.
+// Rules for kernel sources, so that one text compiles under NVRTC (gear-cuda),
+// hiprtc (a ROCm backend) and g++ (the CPU device, gear-device/cpu/shim.h):
+// no #include, no block-level synchronisation (__syncthreads, shared
+// memory), no atomics, no warp intrinsics; only these typedefs, C++17, the
+// math functions pow/fmin/fmax, which NVRTC provides built in, and
+// gear_clock_ns below. Every kernel must also be correct when its threads
+// run one after another in any order (the CPU device runs them so).
 #ifndef GEAR_COMMON_CUH
 #define GEAR_COMMON_CUH
 
@@ -23,7 +26,7 @@ struct alignas(16) gear_v16 {
 
 // Called by the gather before each source load with the load's width in
 // bytes. Nothing on the device; the CPU shim counts them, so tests can show
-// how many bytes each load moves (tests/shim/shim.h).
+// how many bytes each load moves (cpu/shim.h).
 #ifndef GEAR_COUNT_LOAD
 #define GEAR_COUNT_LOAD(bytes)
 #endif
@@ -37,5 +40,15 @@ __device__ __forceinline__ gear_u64 gear_thread_x() {
 __device__ __forceinline__ gear_u64 gear_threads_x() {
     return (gear_u64)gridDim.x * (gear_u64)blockDim.x;
 }
+
+// Nanoseconds from a clock that runs at a fixed rate (the global timer on a
+// GPU; the shim defines its own on the host).
+#ifndef GEAR_HOST_SHIM
+__device__ __forceinline__ gear_u64 gear_clock_ns() {
+    gear_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#endif
 
 #endif

@@ -20,19 +20,18 @@
 //! event under the cache lock, and `insert` waits for it before reusing an
 //! entry.
 
-use crate::device::CudaDevice;
-use crate::error::{Error, Result};
-use crate::ffi;
-use crate::memory::DeviceMemory;
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-use gear_core::{GatherRow, Layout, MemoryRegion, SlotKey, TableRegion};
+use gear_core::{Device, DeviceApi, DeviceBuffer, GatherRow, Layout, MemoryRegion, SlotKey, TableRegion};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-/// A device-memory source of rows for [`crate::CudaCollector`].
-pub trait RowCache: Send + Sync {
-    /// The context the cached memory lives in.
-    fn context(&self) -> &Arc<CudaContext>;
+/// What [`RowCache::with_rows`] calls with each row's cached address (or
+/// `None`) to queue the gather.
+pub type LaunchRows<'a, A> = dyn FnMut(&[Option<u64>]) -> Result<(), <A as DeviceApi>::Error> + 'a;
+
+/// A device-memory source of rows for [`crate::DeviceCollector`].
+pub trait RowCache<A: DeviceApi>: Send + Sync {
+    /// Whether the cached memory lives on `device`.
+    fn is_on(&self, device: &A::Device) -> bool;
 
     /// Looks up `rows` (for a table of `layout`) and calls `launch` with,
     /// per row, the device address of the cached slot copy or `None`, while
@@ -42,9 +41,9 @@ pub trait RowCache: Send + Sync {
         &self,
         layout: &Layout,
         rows: &[GatherRow],
-        stream: &Arc<CudaStream>,
-        launch: &mut dyn FnMut(&[Option<u64>]) -> Result<()>,
-    ) -> Result<()>;
+        stream: &A::Stream,
+        launch: &mut LaunchRows<'_, A>,
+    ) -> Result<(), A::Error>;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -54,7 +53,7 @@ struct Entry {
     len: u64,
 }
 
-struct CacheState {
+struct CacheState<A: DeviceApi> {
     /// Entry `i` occupies bytes `[i * stride, (i+1) * stride)` of `mem`.
     entries: Vec<Option<Entry>>,
     /// Slot -> entry index, for every `Some` entry.
@@ -63,36 +62,44 @@ struct CacheState {
     order: VecDeque<usize>,
     /// Per stream that gathered from `mem`: an event recorded after its
     /// latest such gather. All are waited for before an entry is overwritten.
-    in_use: Vec<(Arc<CudaStream>, CudaEvent)>,
+    in_use: Vec<(A::Stream, A::Event)>,
     /// Entries an `insert` is copying into (not in `by_slot` or `order`).
     filling: Vec<usize>,
 }
 
 /// A fixed number of trajectories of one table, copied to device memory.
-pub struct DeviceCache<R: MemoryRegion> {
+pub struct DeviceCache<A: DeviceApi, R: MemoryRegion> {
+    device: A::Device,
     table: Arc<TableRegion<R>>,
-    mem: DeviceMemory,
+    mem: A::Buffer,
+    /// The stream entry copies are queued on (waited for by `insert`).
+    fill_stream: A::Stream,
     capacity: usize,
-    state: Mutex<CacheState>,
+    state: Mutex<CacheState<A>>,
 }
 
-impl<R: MemoryRegion> std::fmt::Debug for DeviceCache<R> {
+impl<A: DeviceApi, R: MemoryRegion> std::fmt::Debug for DeviceCache<A, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceCache").field("capacity", &self.capacity).field("len", &self.len()).finish()
     }
 }
 
-impl<R: MemoryRegion> DeviceCache<R> {
+fn refuse<A: DeviceApi>(msg: impl Into<String>) -> A::Error {
+    A::Error::from(gear_core::Error::Device(msg.into()))
+}
+
+impl<A: DeviceApi, R: MemoryRegion> DeviceCache<A, R> {
     /// A cache of `capacity` trajectories of `table` on `device`
     /// (`capacity * slot_stride` bytes of device memory).
-    pub fn new(device: &CudaDevice, table: Arc<TableRegion<R>>, capacity: usize) -> Result<Self> {
+    pub fn new(device: &A::Device, table: Arc<TableRegion<R>>, capacity: usize) -> Result<Self, A::Error> {
         if capacity == 0 {
-            return Err(Error::InvalidArgument("a device cache needs at least one entry".into()));
+            return Err(refuse::<A>("a device cache needs at least one entry"));
         }
         let bytes = (capacity as u64)
             .checked_mul(table.layout().slot_stride())
-            .ok_or_else(|| Error::InvalidArgument("device cache size overflows 64 bits".into()))?;
+            .ok_or_else(|| refuse::<A>("device cache size overflows 64 bits"))?;
         let mem = device.alloc(bytes)?;
+        let fill_stream = device.new_stream()?;
         let state = CacheState {
             entries: vec![None; capacity],
             by_slot: HashMap::new(),
@@ -100,10 +107,10 @@ impl<R: MemoryRegion> DeviceCache<R> {
             in_use: Vec::new(),
             filling: Vec::new(),
         };
-        Ok(DeviceCache { table, mem, capacity, state: Mutex::new(state) })
+        Ok(DeviceCache { device: device.clone(), table, mem, fill_stream, capacity, state: Mutex::new(state) })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState<A>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -122,6 +129,12 @@ impl<R: MemoryRegion> DeviceCache<R> {
         self.capacity
     }
 
+    /// Entries free to take (neither held nor being filled).
+    pub fn free_entries(&self) -> usize {
+        let st = self.lock();
+        (0..st.entries.len()).filter(|&i| st.entries[i].is_none() && !st.filling.contains(&i)).count()
+    }
+
     /// The table this cache copies from.
     pub fn table(&self) -> &Arc<TableRegion<R>> {
         &self.table
@@ -138,21 +151,33 @@ impl<R: MemoryRegion> DeviceCache<R> {
     /// the oldest entry. Returns the key evicted to make room, if any.
     /// Errors with `StaleKey` if the slot no longer holds `key`: before the
     /// copy (the cache is then unchanged) or during it (the chosen entry is
-    /// then left empty).
+    /// then left empty, free for the next insert). Any other failure leaves
+    /// the cache as it was, or with the chosen entry empty and free.
     ///
     /// Blocks the caller, not the samplers: the entry is taken out of use
     /// under the cache lock, then, with the lock released, the call waits
     /// for gathers queued before that may still read the entry and copies
     /// the trajectory; gathers meanwhile read that row zero-copy. Call it
-    /// off the training loop's critical path (a fill thread, as
-    /// `gear_api::CudaSampler` does).
-    pub fn insert(&self, key: SlotKey) -> Result<Option<SlotKey>> {
+    /// off the training loop's critical path (a fill thread, as gear-api's
+    /// device sampler does).
+    pub fn insert(&self, key: SlotKey) -> Result<Option<SlotKey>, A::Error> {
         let rec = self.table.slot(key.slot)?;
         let stale = || gear_core::Error::StaleKey { slot: key.slot, generation: key.generation };
         // Refuse a stale key before touching any entry.
         let len = rec.read_begin(key).ok_or_else(stale)?;
         let (idx, evicted, waits) = {
             let mut st = self.lock();
+            // Gathers queued so far may still read the entry about to be
+            // chosen: mark each stream's position now (under the lock, so no
+            // gather can be queued between the marks and taking the entry
+            // out), and wait outside the lock. Marked first, so a failure
+            // to mark leaves every entry as it was.
+            let mut waits = Vec::with_capacity(st.in_use.len());
+            for (stream, _) in &st.in_use {
+                let e = self.device.new_event()?;
+                self.device.record(&e, stream)?;
+                waits.push(e);
+            }
             // Pick the entry: the slot's own, a free one, or the oldest;
             // never one another insert is filling.
             let mut evicted = None;
@@ -166,7 +191,7 @@ impl<R: MemoryRegion> DeviceCache<R> {
                 evicted = Some(old.key);
                 i
             } else {
-                return Err(Error::InvalidArgument("every cache entry is being filled".into()));
+                return Err(refuse::<A>("every cache entry is being filled"));
             };
             // Take the entry out of the index while it is rewritten: no new
             // gather reads it, and a failed copy leaves it free.
@@ -175,17 +200,11 @@ impl<R: MemoryRegion> DeviceCache<R> {
             }
             st.order.retain(|&j| j != idx);
             st.filling.push(idx);
-            // Gathers queued so far may still read the entry: mark each
-            // stream's position now, wait outside the lock.
-            let mut waits = Vec::with_capacity(st.in_use.len());
-            for (stream, _) in &st.in_use {
-                waits.push(stream.record_event(None)?);
-            }
             (idx, evicted, waits)
         };
         let filled = waits
             .iter()
-            .try_for_each(|e| e.synchronize().map_err(Error::from))
+            .try_for_each(|e| self.device.event_synchronize(e))
             .and_then(|()| self.copy_slot(key.slot, idx, len));
         let mut st = self.lock();
         st.filling.retain(|&i| i != idx);
@@ -205,27 +224,35 @@ impl<R: MemoryRegion> DeviceCache<R> {
         Ok(evicted)
     }
 
-    /// Copies the first `len` steps of every column of `slot` to entry `idx`.
-    fn copy_slot(&self, slot: u32, idx: usize, len: u64) -> Result<()> {
+    /// Copies the first `len` steps of every column of `slot` to entry
+    /// `idx`, and waits for the copies.
+    fn copy_slot(&self, slot: u32, idx: usize, len: u64) -> Result<(), A::Error> {
         let layout = self.table.layout();
-        let entry_base = self.mem.device_addr() + idx as u64 * layout.slot_stride();
+        let entry = idx as u64 * layout.slot_stride();
         let data = self.table.data_ptr().as_ptr();
-        self.mem.context().bind_to_thread()?;
         for c in 0..layout.columns() {
             let bytes = len * layout.step_bytes(c);
             if bytes == 0 {
                 continue;
             }
             let src_off = layout.offset(u64::from(slot), c, 0) as usize;
-            let dst = entry_base + layout.offset(0, c, 0);
             // SAFETY: slot < capacity (checked by `table.slot`) and len <= T
             // (a published length), so the source range lies in the table's
-            // data area, alive while `self.table` is; the destination lies in
-            // entry `idx` of `mem`; the context is current. Bytes that change
-            // during the copy are detected by the caller's read_validate.
-            unsafe { ffi::copy_htod(dst, data.add(src_off), bytes as usize) }?;
+            // data area, alive while `self.table` is, which outlives the
+            // copy (waited for below); the destination lies in entry `idx`.
+            // Bytes that change during the copy are detected by the
+            // caller's read_validate.
+            unsafe {
+                self.device.upload(
+                    &self.fill_stream,
+                    &self.mem,
+                    entry + layout.offset(0, c, 0),
+                    data.add(src_off),
+                    bytes,
+                )
+            }?;
         }
-        Ok(())
+        self.device.stream_synchronize(&self.fill_stream)
     }
 
     /// Drops the entry of `slot`, if any. Returns whether one was held.
@@ -265,29 +292,31 @@ impl<R: MemoryRegion> DeviceCache<R> {
     }
 }
 
-impl<R: MemoryRegion> Drop for DeviceCache<R> {
+impl<A: DeviceApi, R: MemoryRegion> Drop for DeviceCache<A, R> {
     fn drop(&mut self) {
         // Queued gathers may still read the memory about to be freed.
-        for (_, event) in &self.lock().in_use {
-            let _ = event.synchronize();
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, event) in &st.in_use {
+            let _ = self.device.event_synchronize(event);
         }
+        let _ = self.device.stream_synchronize(&self.fill_stream);
     }
 }
 
-impl<R: MemoryRegion> RowCache for DeviceCache<R> {
-    fn context(&self) -> &Arc<CudaContext> {
-        self.mem.context()
+impl<A: DeviceApi, R: MemoryRegion> RowCache<A> for DeviceCache<A, R> {
+    fn is_on(&self, device: &A::Device) -> bool {
+        device.ordinal() == self.device.ordinal()
     }
 
     fn with_rows(
         &self,
         layout: &Layout,
         rows: &[GatherRow],
-        stream: &Arc<CudaStream>,
-        launch: &mut dyn FnMut(&[Option<u64>]) -> Result<()>,
-    ) -> Result<()> {
+        stream: &A::Stream,
+        launch: &mut LaunchRows<'_, A>,
+    ) -> Result<(), A::Error> {
         if layout != self.table.layout() {
-            return Err(Error::InvalidArgument("the cache was built for a table of another layout".into()));
+            return Err(refuse::<A>("the cache was built for a table of another layout"));
         }
         let mut st = self.lock();
         let stride = layout.slot_stride();
@@ -309,13 +338,19 @@ impl<R: MemoryRegion> RowCache for DeviceCache<R> {
             return launch(&cached);
         }
         launch(&cached)?;
-        match st.in_use.iter().position(|(s, _)| **s == **stream) {
-            Some(i) => st.in_use[i].1.record(stream)?,
-            None => {
-                let event = self.mem.context().new_event(None)?;
-                event.record(stream)?;
+        let marked = match st.in_use.iter().position(|(s, _)| self.device.same_stream(s, stream)) {
+            Some(i) => self.device.record(&st.in_use[i].1, stream),
+            None => self.device.new_event().and_then(|event| {
+                self.device.record(&event, stream)?;
                 st.in_use.push((stream.clone(), event));
-            }
+                Ok(())
+            }),
+        };
+        if let Err(e) = marked {
+            // Unmarked, the gather could read an entry an insert rewrites:
+            // wait for it here instead.
+            self.device.stream_synchronize(stream)?;
+            return Err(e);
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! mirrored in device memory ([`DeviceSlots`]: per slot the key, the stored
 //! length and the priority a [`SelectionRule`] draws by), draws queued by
 //! kernel into per-batch buffers ([`DrawnRows`]), and a gather that reads
-//! the drawn slots from device memory ([`CudaCollector::gather_drawn`]).
+//! the drawn slots from device memory ([`DeviceCollector::gather_drawn`]).
 //! Nothing goes to the host and back between the draw and the gather.
 //!
 //! One batch on the collector's stream: the priority sync (scatters of the
@@ -16,22 +16,29 @@
 //! (nothing drawable, or a slot whose key went away) comes back without a
 //! key and is drawn by the host.
 //!
+//! Ownership: the buffers a queued batch writes ([`DrawnRows`], the
+//! [`DeviceSlots`] arrays) wait for that work before they are freed or read
+//! (each holds an event recorded after its last use), so dropping them
+//! early, or reading rows back through a batch other than the one they
+//! were drawn for, never touches memory a kernel still writes.
+//!
 //! The mirror is kept in step by its owner: before each batch it passes
 //! [`SlotUpdate`]s for the slots that changed since the last one (gear-api
 //! reads them from the table's change log), and only those slots are
 //! written.
 
-use crate::device::CudaDevice;
-use crate::error::{Error, Result};
-use crate::gather::{CudaBatch, CudaCollector};
+use crate::gather::{mapped_base, DeviceBatch, DeviceCollector};
 use crate::kernels::KernelFn;
-use crate::memory::{DeviceMemory, PinnedMemory};
+use crate::launch::{grid_1d, launch};
 use crate::plan;
-use crate::select::DevicePriorities;
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
-use gear_core::{GatherRow, MemoryRegion, SelectionRule, SlotKey, TableView};
+use crate::priorities::DevicePriorities;
+use gear_core::{Access, Device, DeviceApi, DeviceBuffer, GatherRow, KernelArg, SelectionRule, SlotKey, TableView};
 use std::collections::HashSet;
 use std::sync::Arc;
+
+fn refuse<A: DeviceApi>(msg: impl Into<String>) -> A::Error {
+    A::Error::from(gear_core::Error::Device(msg.into()))
+}
 
 /// Key word of a slot that holds nothing drawable (`GEAR_NO_KEY` in
 /// `kernels/sample.cu`).
@@ -128,10 +135,10 @@ impl SlotMirror {
     /// every slot when the rule's kind changed (the first call included).
     /// A key whose slot differs from the update's, or a length over the
     /// table's maximum (a corrupted record), makes the slot hold nothing.
-    pub fn apply(&mut self, rule: SelectionRule, updates: &[SlotUpdate]) -> Result<MirrorUploads> {
+    pub fn apply(&mut self, rule: SelectionRule, updates: &[SlotUpdate]) -> gear_core::Result<MirrorUploads> {
         let capacity = self.keys.len() as u64;
         if let Some(u) = updates.iter().find(|u| u64::from(u.slot) >= capacity) {
-            return Err(gear_core::Error::SlotOutOfRange { slot: u64::from(u.slot), capacity }.into());
+            return Err(gear_core::Error::SlotOutOfRange { slot: u64::from(u.slot), capacity });
         }
         let basis = Basis::of(rule);
         let everything = self.basis != Some(basis);
@@ -166,20 +173,20 @@ impl SlotMirror {
 
 /// A table's slots in device memory, drawn from by [`SelectionRule`]s on
 /// the collector's stream.
-pub struct DeviceSlots {
-    device: CudaDevice,
+pub struct DeviceSlots<A: DeviceApi> {
+    device: A::Device,
     mirror: SlotMirror,
-    priorities: DevicePriorities,
+    priorities: DevicePriorities<A>,
     /// Key word per slot (`generation << 32 | slot`, [`NO_KEY`] when none).
-    keys: DeviceMemory,
+    keys: A::Buffer,
     /// Stored length per slot.
-    lens: DeviceMemory,
-    upd_idx: Option<DeviceMemory>,
-    upd_key: Option<DeviceMemory>,
-    upd_len: Option<DeviceMemory>,
+    lens: A::Buffer,
+    upd_idx: Option<A::Buffer>,
+    upd_key: Option<A::Buffer>,
+    upd_len: Option<A::Buffer>,
 }
 
-impl std::fmt::Debug for DeviceSlots {
+impl<A: DeviceApi> std::fmt::Debug for DeviceSlots<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceSlots").field("held", &self.mirror.held).finish()
     }
@@ -189,18 +196,20 @@ fn words(v: impl Iterator<Item = u64>) -> Vec<u8> {
     v.flat_map(u64::to_le_bytes).collect()
 }
 
-impl DeviceSlots {
+impl<A: DeviceApi> DeviceSlots<A> {
     /// Mirrors of `capacity` empty slots of at most `max_len` steps, with
     /// their work queued on `stream`.
-    pub fn new(device: &CudaDevice, stream: Arc<CudaStream>, capacity: u64, max_len: u64) -> Result<Self> {
+    pub fn new(device: &A::Device, stream: A::Stream, capacity: u64, max_len: u64) -> Result<Self, A::Error> {
         if max_len > u64::from(u32::MAX) {
             // The gather's row words hold a length in their low 32 bits.
             return Err(gear_core::Error::Unsupported("device draws read trajectories of fewer than 2^32 steps").into());
         }
-        let priorities = DevicePriorities::on_stream(device, capacity, stream)?;
+        let priorities = DevicePriorities::<A>::on_stream(device, capacity, stream)?;
         let keys = device.alloc(capacity * 8)?;
-        let lens = device.alloc_zeroed(capacity * 8)?;
-        keys.write_async(0, &words(std::iter::repeat_n(NO_KEY, capacity as usize)), priorities.stream())?;
+        let lens = device.alloc(capacity * 8)?;
+        let s = priorities.stream();
+        device.write(s, &keys, 0, &words(std::iter::repeat_n(NO_KEY, capacity as usize)))?;
+        device.write(s, &lens, 0, &words(std::iter::repeat_n(0, capacity as usize)))?;
         Ok(DeviceSlots {
             device: device.clone(),
             mirror: SlotMirror::new(capacity, max_len),
@@ -219,14 +228,14 @@ impl DeviceSlots {
     }
 
     /// The stream the mirror's work runs on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub fn stream(&self) -> &A::Stream {
         self.priorities.stream()
     }
 
     /// Brings the device arrays in step with `updates` for drawing by
     /// `rule`: queues writes of the changed slots only (all slots the first
     /// time). Returns at once.
-    pub fn sync(&mut self, rule: SelectionRule, updates: &[SlotUpdate]) -> Result<()> {
+    pub fn sync(&mut self, rule: SelectionRule, updates: &[SlotUpdate]) -> Result<(), A::Error> {
         let up = self.mirror.apply(rule, updates)?;
         if up.rows.is_empty() {
             return Ok(());
@@ -234,53 +243,58 @@ impl DeviceSlots {
         self.priorities.set(&up.priorities)?;
         let m = up.rows.len() as u64;
         let stream = self.priorities.stream().clone();
-        let ensure = |mem: &mut Option<DeviceMemory>, bytes: u64| -> Result<u64> {
-            if mem.as_ref().is_none_or(|d| d.len() < bytes) {
-                // The old buffer may still be read by a queued scatter.
-                if mem.is_some() {
-                    stream.synchronize()?;
-                }
-                *mem = Some(self.device.alloc(bytes.max(8))?);
-            }
-            Ok(mem.as_ref().expect("just ensured").device_addr())
-        };
-        let idx = ensure(&mut self.upd_idx, m * 4)?;
-        let key = ensure(&mut self.upd_key, m * 8)?;
-        let len = ensure(&mut self.upd_len, m * 8)?;
+        let d = &self.device;
+        let idx = crate::priorities::ensure::<A>(&mut self.upd_idx, d, &stream, m * 4)?;
+        let key = crate::priorities::ensure::<A>(&mut self.upd_key, d, &stream, m * 8)?;
+        let len = crate::priorities::ensure::<A>(&mut self.upd_len, d, &stream, m * 8)?;
         let slots: Vec<u8> = up.rows.iter().flat_map(|r| r.0.to_le_bytes()).collect();
-        self.upd_idx.as_ref().expect("ensured").write_async(0, &slots, &stream)?;
-        self.upd_key.as_ref().expect("ensured").write_async(0, &words(up.rows.iter().map(|r| r.1)), &stream)?;
-        self.upd_len.as_ref().expect("ensured").write_async(0, &words(up.rows.iter().map(|r| r.2)), &stream)?;
-        let f = self.device.function(KernelFn::ScatterU64)?;
+        d.write(&stream, self.upd_idx.as_ref().expect("ensured"), 0, &slots)?;
+        d.write(&stream, self.upd_key.as_ref().expect("ensured"), 0, &words(up.rows.iter().map(|r| r.1)))?;
+        d.write(&stream, self.upd_len.as_ref().expect("ensured"), 0, &words(up.rows.iter().map(|r| r.2)))?;
         for (src, dst) in [(key, self.keys.device_addr()), (len, self.lens.device_addr())] {
-            let mut b = stream.launch_builder(&f);
-            b.arg(&idx).arg(&src).arg(&m).arg(&dst);
-            // SAFETY: matches gear_scatter_u64(u32*, u64*, u64, u64*); the
-            // index and value buffers hold `m` entries uploaded on this
+            let args = [
+                KernelArg::Ptr(idx, Access::Read),
+                KernelArg::Ptr(src, Access::Read),
+                KernelArg::U64(m),
+                KernelArg::Ptr(dst, Access::Write),
+            ];
+            // SAFETY: gear_scatter_u64's arguments (checked by `launch`); the
+            // index and value buffers hold `m` entries written on this
             // stream just before; every index is < capacity (checked by
             // SlotMirror::apply) and distinct (one entry per slot), so the
             // writes stay in the per-slot arrays and never race.
-            unsafe { b.launch(plan_1d(m)) }?;
+            unsafe { launch::<A>(d, &stream, KernelFn::ScatterU64, grid_1d(m), &args, &[]) }?;
         }
         Ok(())
+    }
+}
+
+impl<A: DeviceApi> Drop for DeviceSlots<A> {
+    fn drop(&mut self) {
+        // Queued scatters and draws read the arrays about to be freed.
+        let _ = self.device.stream_synchronize(self.priorities.stream());
     }
 }
 
 /// One batch's draw buffers: drawn slots, probabilities and weights in
 /// device memory, and the rows' key, length, probability and weight in
 /// page-locked host memory, written by `gear_drawn_rows`.
-pub struct DrawnRows {
+pub struct DrawnRows<A: DeviceApi> {
+    device: A::Device,
     rows: u64,
-    slots: DeviceMemory,
-    prob: DeviceMemory,
-    weight: DeviceMemory,
+    slots: A::Buffer,
+    prob: A::Buffer,
+    weight: A::Buffer,
     /// `[key; rows] [len; rows] [probability; rows] [weight; rows]`.
-    host: PinnedMemory,
+    host: Arc<A::Pinned>,
+    /// Recorded after the last gather that wrote these buffers: waited for
+    /// before they are read back or freed.
+    last_use: A::Event,
     /// Rows as last read back.
     read: Vec<DrawnRow>,
 }
 
-impl std::fmt::Debug for DrawnRows {
+impl<A: DeviceApi> std::fmt::Debug for DrawnRows<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrawnRows").field("rows", &self.rows).finish()
     }
@@ -300,37 +314,72 @@ pub struct DrawnRow {
     pub weight: f64,
 }
 
-impl DrawnRows {
+/// The rows' host copy of a [`DrawnRows`], readable from a host function
+/// queued after the gather (see [`DrawnRows::keys_handle`]).
+pub struct DrawnKeys<A: DeviceApi> {
+    device: A::Device,
+    host: Arc<A::Pinned>,
+    rows: u64,
+    capacity: u64,
+}
+
+impl<A: DeviceApi> DrawnKeys<A> {
+    /// The keys the device drew (`None` for a keyless row).
+    ///
+    /// # Safety
+    /// Call it only once the gather that filled the rows has completed: in
+    /// a [`Device::host_fn`] queued after it on its stream, or after its
+    /// event was waited for (the CPU device checks).
+    pub unsafe fn keys(&self) -> Result<Vec<Option<SlotKey>>, A::Error> {
+        let mut bytes = vec![0u8; 8 * self.rows as usize];
+        // SAFETY: the caller's contract: the writes are complete.
+        unsafe { self.device.read_pinned(&self.host, 0, &mut bytes) }?;
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .map(|w| Some(SlotKey::from_u64(w)).filter(|k| w != NO_KEY && u64::from(k.slot) < self.capacity))
+            .collect())
+    }
+}
+
+impl<A: DeviceApi> DrawnRows<A> {
     /// Buffers for batches of `rows` rows.
-    pub fn new(device: &CudaDevice, rows: usize) -> Result<Self> {
+    pub fn new(device: &A::Device, rows: usize) -> Result<Self, A::Error> {
         let n = (rows as u64).max(1);
         Ok(DrawnRows {
+            device: device.clone(),
             rows: rows as u64,
             slots: device.alloc(n * 4)?,
             prob: device.alloc(n * 8)?,
             weight: device.alloc(n * 8)?,
-            host: device.alloc_pinned(n * 32)?,
+            host: Arc::new(device.alloc_pinned(n * 32)?),
+            last_use: device.new_event()?,
             read: Vec::with_capacity(rows),
         })
     }
 
-    /// Waits for `batch` (gathered by [`CudaCollector::gather_drawn`] with
-    /// these buffers) and reads its rows back; sets the batch's host
+    /// A handle on the rows' host copy for a host function queued after
+    /// the gather on its stream, for a table of `capacity` slots.
+    pub fn keys_handle(&self, capacity: u64) -> DrawnKeys<A> {
+        DrawnKeys { device: self.device.clone(), host: self.host.clone(), rows: self.rows, capacity }
+    }
+
+    /// Waits for the gather that last wrote these rows and reads them back
+    /// into `batch` (the batch gathered with them), setting its host
     /// lengths. Rows naming a slot outside `capacity`, or a key word whose
     /// slot is not the row's drawn slot, read as keyless.
-    pub fn read_back(&mut self, batch: &mut CudaBatch, capacity: u64) -> Result<&[DrawnRow]> {
-        batch.synchronize()?;
+    pub fn read_back(&mut self, batch: &mut DeviceBatch<A>, capacity: u64) -> Result<&[DrawnRow], A::Error> {
+        self.device.event_synchronize(&self.last_use)?;
         let n = self.rows as usize;
         if batch.layout.rows() != n {
-            return Err(Error::InvalidArgument(format!("{n} drawn rows for a batch of {}", batch.layout.rows())));
+            return Err(refuse::<A>(format!("{n} drawn rows for a batch of {}", batch.layout.rows())));
         }
-        let base = self.host.host_ptr().expect("pinned memory has a host address").as_ptr() as *const u64;
-        // SAFETY: `host` holds 4 * rows u64 words (allocated as rows * 32
-        // bytes, page-aligned), written by gear_drawn_rows on the batch's
-        // stream before its event, which `synchronize` waited for; nothing
-        // writes them again until the next gather_drawn, which needs
-        // `&mut self`.
-        let w = unsafe { std::slice::from_raw_parts(base, 4 * n) };
+        let mut bytes = vec![0u8; 32 * n];
+        // SAFETY: gear_drawn_rows wrote the rows before `last_use`, which
+        // was waited for just now; nothing writes them again until the next
+        // gather_drawn, which needs `&mut self`.
+        unsafe { self.device.read_pinned(&self.host, 0, &mut bytes) }?;
+        let w: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
         self.read.clear();
         let window = batch.layout.window();
         for r in 0..n {
@@ -349,7 +398,14 @@ impl DrawnRows {
     }
 }
 
-impl CudaCollector {
+impl<A: DeviceApi> Drop for DrawnRows<A> {
+    fn drop(&mut self) {
+        // A queued draw and gather may still write these buffers.
+        let _ = self.device.event_synchronize(&self.last_use);
+    }
+}
+
+impl<A: DeviceApi> DeviceCollector<A> {
     /// Draws `out`'s rows on the device from `slots` by `rule` and gathers
     /// them, all queued on this collector's stream with no host wait and
     /// nothing copied to the host in between: the drawn slots go from the
@@ -359,44 +415,73 @@ impl CudaCollector {
     /// zero-copy from the table (a device cache is not consulted). Then
     /// [`DrawnRows::read_back`] gives the rows and their keys, which the
     /// caller validates against the slot generations.
+    ///
+    /// `drawn` and `out` wait for this work before they are reused or
+    /// freed; `slots` before it is freed. The table seen through `src` must
+    /// stay mapped until `out`'s event (the view's contract).
     #[allow(clippy::too_many_arguments)]
     pub fn gather_drawn(
         &self,
         src: &TableView<'_>,
-        slots: &mut DeviceSlots,
+        slots: &mut DeviceSlots<A>,
         rule: SelectionRule,
         seed: u64,
         random_start: Option<u64>,
-        drawn: &mut DrawnRows,
-        out: &mut CudaBatch,
-    ) -> Result<()> {
+        drawn: &mut DrawnRows<A>,
+        out: &mut DeviceBatch<A>,
+    ) -> Result<(), A::Error> {
+        let queued = self.queue_drawn(src, slots, rule, seed, random_start, drawn, out);
+        // Whatever part was queued, the buffers' owners wait for it.
+        let marked = self
+            .device
+            .record(&out.event, &self.stream)
+            .and_then(|()| self.device.record(&drawn.last_use, &self.stream));
+        if let Err(e) = marked {
+            // Unmarked work must still finish before the buffers go.
+            self.device.stream_synchronize(&self.stream)?;
+            queued?;
+            return Err(e);
+        }
+        out.last_stream = Some(self.stream.clone());
+        queued
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue_drawn(
+        &self,
+        src: &TableView<'_>,
+        slots: &mut DeviceSlots<A>,
+        rule: SelectionRule,
+        seed: u64,
+        random_start: Option<u64>,
+        drawn: &mut DrawnRows<A>,
+        out: &mut DeviceBatch<A>,
+    ) -> Result<(), A::Error> {
         let stream = self.stream.clone();
-        if **slots.stream() != *stream {
-            return Err(Error::InvalidArgument("device slots queue their work on another stream".into()));
+        let d = &self.device;
+        if !d.same_stream(slots.stream(), &stream) {
+            return Err(refuse::<A>("device slots queue their work on another stream"));
         }
         let rows = out.layout.rows() as u64;
         if drawn.rows != rows {
-            return Err(Error::InvalidArgument(format!("{} drawn rows for a batch of {rows}", drawn.rows)));
+            return Err(refuse::<A>(format!("{} drawn rows for a batch of {rows}", drawn.rows)));
         }
         let capacity = slots.priorities.capacity();
         if src.layout().capacity() != capacity {
-            return Err(Error::InvalidArgument(format!(
+            return Err(refuse::<A>(format!(
                 "device slots for {capacity} slots, the table has {}",
                 src.layout().capacity()
             )));
         }
-        let data_base = src.device().ok_or_else(|| {
-            Error::InvalidArgument("the table is not mapped for the device: register its region".into())
-        })?;
+        let data_base = mapped_base::<A>(src)?;
         // The column table and grid do not depend on the rows.
         let dst_bases: Vec<u64> = out.columns.iter().map(|c| c.device_addr()).collect();
         let placeholder = vec![GatherRow::whole(0, 0); rows as usize];
         let plan = plan::plan_gather(src.layout(), &out.layout, &placeholder, data_base, &dst_bases, &[])?;
-        if let Some(prev) = &out.last_stream {
-            if **prev != *stream {
-                stream.wait(&out.event)?;
-            }
-        }
+        out.order_after_last(&stream)?;
+        // The rows' buffers were last written by a batch that may have run
+        // on another stream.
+        d.wait(&stream, &drawn.last_use)?;
         let (slot_buf, prob_buf, weight_buf) =
             (drawn.slots.device_addr(), drawn.prob.device_addr(), drawn.weight.device_addr());
         let (ndrawn, prob, weight) = match rule {
@@ -408,8 +493,8 @@ impl CudaCollector {
                 };
                 // SAFETY: the three buffers hold `rows` entries each
                 // (DrawnRows::new for this batch size, checked above) and
-                // live in `drawn`, which the caller keeps until the batch's
-                // event (read_back waits for it; CudaBatch's drop waits too).
+                // live in `drawn`, which waits for `last_use` (recorded
+                // below, after this work) before it is freed.
                 unsafe {
                     slots.priorities.queue_draws(rows, alpha, beta, seed, stratified, slot_buf, prob_buf, weight_buf)
                 }?;
@@ -426,64 +511,56 @@ impl CudaCollector {
             }
         };
         let table = out.args.device_addr();
-        let host_rows = drawn.host.device_addr();
-        let stride = src.layout().slot_stride();
-        let w_len = out.layout.window().len;
         let (random, rs_seed) = (u32::from(random_start.is_some()), random_start.unwrap_or(0));
-        let (keys, lens) = (slots.keys.device_addr(), slots.lens.device_addr());
-        let f = self.device.function(KernelFn::DrawnRows)?;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&slot_buf)
-            .arg(&ndrawn)
-            .arg(&rows)
-            .arg(&keys)
-            .arg(&lens)
-            .arg(&capacity)
-            .arg(&data_base)
-            .arg(&stride)
-            .arg(&w_len)
-            .arg(&random)
-            .arg(&rs_seed)
-            .arg(&prob)
-            .arg(&weight)
-            .arg(&table)
-            .arg(&host_rows);
-        // SAFETY: matches gear_drawn_rows(u32*, u64, u64, u64*, u64*, u64,
-        // u64, u64, u64, u32, u64, f64*, f64*, u64*, u64*). `drawn` holds
-        // `rows` slots (ndrawn <= rows written above), probabilities and
-        // weights (or null for top-k); keys/lens hold `capacity` entries and
-        // the kernel reads them only at slots < capacity; every length there
-        // is <= T (SlotMirror::apply), so each row's window lies in its slot;
-        // `out.args` holds 2 * rows + 3 * ncols words (CudaCollector::alloc),
-        // of which the first 2 * rows are written here; `host` is mapped
-        // page-locked memory of 4 * rows words.
-        unsafe { b.launch(plan_1d(rows)) }?;
+        use Access::{Read, Write};
+        let args = [
+            KernelArg::Ptr(slot_buf, Read),
+            KernelArg::U64(ndrawn),
+            KernelArg::U64(rows),
+            KernelArg::Ptr(slots.keys.device_addr(), Read),
+            KernelArg::Ptr(slots.lens.device_addr(), Read),
+            KernelArg::U64(capacity),
+            KernelArg::U64(data_base),
+            KernelArg::U64(src.layout().slot_stride()),
+            KernelArg::U64(out.layout.window().len),
+            KernelArg::U32(random),
+            KernelArg::U64(rs_seed),
+            KernelArg::Ptr(prob, Read),
+            KernelArg::Ptr(weight, Read),
+            KernelArg::Ptr(table, Write),
+            KernelArg::Ptr(drawn.host.device_addr(), Write),
+        ];
+        // SAFETY: gear_drawn_rows's arguments (checked by `launch`).
+        // `drawn` holds `rows` slots (ndrawn <= rows written above),
+        // probabilities and weights (or null for top-k); keys/lens hold
+        // `capacity` entries and the kernel reads them only at slots <
+        // capacity; every length there is <= T (SlotMirror::apply), so each
+        // row's window lies in its slot; `out.args` holds 2 * rows + 3 *
+        // ncols words (DeviceCollector::alloc), of which the first 2 * rows
+        // are written here; `host` is mapped page-locked memory of 4 * rows
+        // words.
+        unsafe { launch::<A>(d, &stream, KernelFn::DrawnRows, grid_1d(rows), &args, &[]) }?;
         let cols = &plan.words[plan.cols_at()..];
         let bytes: Vec<u8> = cols.iter().flat_map(|w| w.to_le_bytes()).collect();
-        out.args.write_async(8 * plan.cols_at() as u64, &bytes, &stream)?;
+        d.write(&stream, &out.args, 8 * plan.cols_at() as u64, &bytes)?;
         let lengths = out.lengths_dev.device_addr();
         // SAFETY: the row tables were written by gear_drawn_rows just
         // before on this stream (bases of slots < capacity, or the data
         // area's start with length 0, and lengths <= T), the column table
-        // was uploaded after it and checked by plan_gather against the
+        // was written after it and checked by plan_gather against the
         // layouts, so every source range lies in the mapped data area and
-        // every destination in this batch's buffers, which are reused only
-        // after its event.
-        unsafe { self.launch_gather_kernel(&stream, &plan, table, lengths) }?;
-        out.event.record(&stream)?;
-        out.last_stream = Some(stream);
+        // every destination in this batch's buffers, which wait for its
+        // event before they are reused or freed.
+        unsafe { self.launch_gather_kernel(&stream, &plan, table, lengths, data_base, &out.columns, &[]) }?;
         out.cached_rows = 0;
         Ok(())
     }
 }
 
-fn plan_1d(items: u64) -> LaunchConfig {
-    LaunchConfig { grid_dim: (plan::grid_1d(items), 1, 1), block_dim: (plan::BLOCK, 1, 1), shared_mem_bytes: 0 }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gear_core::SelectionRule;
 
     fn key(slot: u32, generation: u32) -> Option<SlotKey> {
         Some(SlotKey { slot, generation })

@@ -19,8 +19,10 @@
 // alone), x = u*total (or (d+u)/B*total when stratified), and binary-searches
 // the first slot whose prefix exceeds x.
 
+// A slot's weight p^alpha; a negative priority (no item) and a zero one have
+// none whatever alpha (pow(0, 0) is 1), as the host strategies give them none.
 __device__ __forceinline__ double gear_weight(double p, double alpha) {
-    if (p < 0.0) return 0.0;
+    if (p <= 0.0) return 0.0;
     if (alpha == 1.0) return p;
     return pow(p, alpha);
 }

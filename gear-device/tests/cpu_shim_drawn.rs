@@ -12,8 +12,8 @@ use gear_core::{
     BatchLayout, ColumnSpec, DType, GatherRow, Layout, Pad, RandomSource, SelectionRule, SlotKey, TableSpec,
     WindowSpec, Xoshiro256,
 };
-use gear_cuda::drawn::{MirrorUploads, NO_KEY};
-use gear_cuda::{plan, SlotMirror, SlotUpdate};
+use gear_device::drawn::{MirrorUploads, NO_KEY};
+use gear_device::{plan, SlotMirror, SlotUpdate};
 use std::path::PathBuf;
 
 /// A random table (1 to 3 columns of odd and aligned sizes, T and capacity
@@ -164,7 +164,7 @@ fn run_drawn(
     layout: &Layout,
     data: &[u8],
     batch: &BatchLayout,
-    uploads: &gear_cuda::drawn::MirrorUploads,
+    uploads: &gear_device::drawn::MirrorUploads,
     rule: SelectionRule,
     held: usize,
     seed: u64,
@@ -222,8 +222,8 @@ fn run_drawn(
 
 #[test]
 fn device_draws_feed_the_gather_without_leaving_the_device() {
-    use gear_cuda::drawn::NO_KEY;
-    use gear_cuda::{SlotMirror, SlotUpdate};
+    use gear_device::drawn::NO_KEY;
+    use gear_device::{SlotMirror, SlotUpdate};
     let Some(exe) = driver() else { return };
     let mut rng = Xoshiro256::seed_from_u64(0xd4a3);
     let mut cut = 0;

@@ -1,5 +1,5 @@
 //! Host-side launch plans: the argument tables and grid sizes the kernels
-//! get. Pure functions with no CUDA calls, shared by the real launches and by
+//! get. Pure functions with no device calls, shared by the real launches and by
 //! the CPU-shim tests (which run the same kernels compiled with g++), so the
 //! tests check exactly what the device receives. Hidden from the docs: an
 //! implementation detail that is public only for those tests.
@@ -47,6 +47,8 @@ pub struct GatherPlan {
     pub lengths: Vec<u64>,
     /// Rows served from a device cache.
     pub cached_rows: usize,
+    /// The device address of the table's data area the rows read.
+    pub table_base: u64,
 }
 
 impl GatherPlan {
@@ -151,6 +153,7 @@ pub fn plan_gather(
         grid: (grid_x, grid_y),
         lengths,
         cached_rows,
+        table_base: data_base,
     })
 }
 

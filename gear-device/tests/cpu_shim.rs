@@ -1,6 +1,6 @@
 //! The kernels' per-thread logic, checked on the CPU: g++ compiles the very
-//! sources NVRTC compiles (gear-cuda/kernels/*.cu) against a host shim
-//! (tests/shim/shim.h) that turns the CUDA built-ins into globals and a
+//! sources NVRTC compiles (gear-device/kernels/*.cu) against a host shim
+//! (cpu/shim.h) that turns the CUDA built-ins into thread-local globals and a
 //! launch into nested loops over blocks and threads. A small driver
 //! (tests/shim/driver.cpp) runs them on inputs this file writes, with the
 //! launch plans the crate itself builds, and the results are compared with
@@ -17,7 +17,7 @@ use common::shim::{driver, run, Reader, Writer};
 use gear_core::{
     BatchLayout, ColumnSpec, DType, GatherRow, Layout, Pad, RandomSource, TableSpec, WindowSpec, Xoshiro256,
 };
-use gear_cuda::plan;
+use gear_device::plan;
 use std::path::PathBuf;
 
 // ---------------------------------------------------------------- gather
@@ -267,8 +267,11 @@ fn run_sample(
     SampleOut { prefix, total, wmin, draws }
 }
 
+/// The mass of a slot: none without an item or with a zero priority (even
+/// for alpha = 0, where `0^0` would be 1: the host strategies give zero
+/// priorities no mass), else `p^alpha`.
 fn weight(p: f64, alpha: f64) -> f64 {
-    if p < 0.0 {
+    if p <= 0.0 {
         0.0
     } else if alpha == 1.0 {
         p

@@ -3,20 +3,20 @@
 //! (the kernel sources as C++) once per test process and talks to it in
 //! little-endian words.
 
-use gear_cuda::kernels::{KernelSource, COMMON_SOURCE};
+use gear_device::kernels::{KernelSource, COMMON_SOURCE};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-const SHIM_H: &str = include_str!("../shim/shim.h");
+const SHIM_H: &str = include_str!("../../cpu/shim.h");
 const DRIVER_CPP: &str = include_str!("../shim/driver.cpp");
 
 /// Builds the driver once per test process.
 pub fn driver() -> Option<&'static PathBuf> {
     static DRIVER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = DRIVER.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gear-cuda-shim-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("gear-device-shim-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut files = vec![("shim.h", SHIM_H), ("driver.cpp", DRIVER_CPP), ("common.cuh", COMMON_SOURCE)];
         for s in KernelSource::ALL {

@@ -1,8 +1,9 @@
-//! GPU selection for a [`CudaSampler`](super::CudaSampler): when the
-//! table's strategy names a [`gear_core::SelectionRule`] (uniform, prioritized,
-//! max-heap top-k, or gear-cuda's own GPU strategies), batches are drawn by
-//! kernel from a device mirror of the table's slots and gathered without
-//! the draw leaving the device (gear-cuda's `gather_drawn`).
+//! Selection on the device for a [`DeviceSampler`](super::DeviceSampler):
+//! when the table's strategy names a [`gear_core::SelectionRule`] (uniform,
+//! prioritized, max-heap top-k, or gear-device's device strategies),
+//! batches are drawn by kernel from a device mirror of the table's slots
+//! and gathered without the draw leaving the device (gear-device's
+//! `gather_drawn`).
 //!
 //! Protocol of one batch: the table lock admits and counts the batch (rate
 //! limiter, as a host draw) and lists the slots the change log touched
@@ -10,57 +11,58 @@
 //! update from any process reaches the device before the draw; only those
 //! slots are written. Draw, row tables and gather are queued on the
 //! collector's stream; the rows' keys, lengths, probabilities and weights
-//! come back in page-locked memory with the batch. After the batch's event
-//! the host validates every row against its slot generation and redraws on
-//! the host the rows that are torn, drawn by nothing (nothing drawable on
-//! the device, e.g. every priority zero) or no longer readable, gathering
-//! only those rows again (`Draws::adopt`, then the shared `Draws::finish`).
+//! come back in page-locked memory with the batch. Right after the gather,
+//! a host function on the stream checks every row against its slot
+//! generation; the host then redraws the rows that were torn, drawn by
+//! nothing (nothing drawable on the device, e.g. every priority zero) or
+//! no longer readable when copied, gathering only those rows again
+//! (`Draws::adopt`, then the shared `Draws::finish`).
 //!
 //! The host selects instead (the ordinary `Draws` path) when the strategy
 //! names no rule (FIFO, LIFO, min-heap, user strategies), when the table has
 //! `max_times_sampled` or samples trajectories still being written, when
 //! the sampler has a device cache (the device path reads rows zero-copy
-//! only), or when [`CudaSamplerOptions::host_selection`](super::CudaSamplerOptions::host_selection)
+//! only), or when [`DeviceSamplerOptions::host_selection`](super::DeviceSamplerOptions::host_selection)
 //! asks for it.
 
+use super::device_error;
 use crate::error::Result;
 use crate::table::{DeviceCursor, DeviceSlot, ReplayTable};
-use gear_core::{RandomSource, Sampled, TableView, Xoshiro256};
-use gear_cuda::{CudaBatch, CudaCollector, CudaDevice, DeviceSlots, DrawnRows, SlotUpdate};
+use gear_core::{DeviceApi, RandomSource, Sampled, TableView, Xoshiro256};
+use gear_device::{DeviceBatch, DeviceCollector, DeviceSlots, DrawnKeys, DrawnRows, SlotUpdate};
 use std::time::Instant;
 
 /// A sampler's device mirror of the table's slots and per-batch draw
 /// buffers.
-pub(super) struct DeviceSelection {
-    slots: DeviceSlots,
+pub(super) struct DeviceSelection<A: DeviceApi> {
+    slots: DeviceSlots<A>,
     /// One per batch of the ring.
-    drawn: Vec<DrawnRows>,
+    drawn: Vec<DrawnRows<A>>,
     cursor: DeviceCursor,
     changed: Vec<DeviceSlot>,
     updates: Vec<SlotUpdate>,
     /// Seeds of the draws and of random starts.
     rng: Xoshiro256,
     random_start: bool,
-    /// Per batch of the ring: drawn on the device and not yet adopted, with
-    /// the deadline its redraws share.
-    in_flight: Vec<Option<Option<Instant>>>,
+    /// Per batch of the ring: drawn on the device and not yet adopted.
+    in_flight: Vec<bool>,
     /// Batches drawn on the device so far.
     batches: u64,
 }
 
-impl std::fmt::Debug for DeviceSelection {
+impl<A: DeviceApi> std::fmt::Debug for DeviceSelection<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceSelection").field("batches", &self.batches).finish()
     }
 }
 
-impl DeviceSelection {
+impl<A: DeviceApi> DeviceSelection<A> {
     /// A mirror for `table` (empty until the first batch fills it) on the
     /// collector's stream, with draw buffers for a ring of `ring` batches
     /// of `rows` rows.
     pub(super) fn new(
-        device: &CudaDevice,
-        collector: &CudaCollector,
+        device: &A::Device,
+        collector: &DeviceCollector<A>,
         table: &ReplayTable,
         ring: usize,
         rows: usize,
@@ -68,8 +70,12 @@ impl DeviceSelection {
         random_start: bool,
     ) -> Result<Self> {
         let spec = table.spec();
-        let slots = DeviceSlots::new(device, collector.stream().clone(), spec.capacity(), spec.max_len())?;
-        let drawn = (0..ring).map(|_| DrawnRows::new(device, rows)).collect::<gear_cuda::Result<Vec<_>>>()?;
+        let slots = DeviceSlots::<A>::new(device, collector.stream().clone(), spec.capacity(), spec.max_len())
+            .map_err(device_error)?;
+        let drawn = (0..ring)
+            .map(|_| DrawnRows::<A>::new(device, rows))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
         Ok(DeviceSelection {
             slots,
             drawn,
@@ -78,7 +84,7 @@ impl DeviceSelection {
             updates: Vec::new(),
             rng: Xoshiro256::seed_from_u64(seed ^ 0xc0da_5e1e_c7ed_0001),
             random_start,
-            in_flight: vec![None; ring],
+            in_flight: vec![false; ring],
             batches: 0,
         })
     }
@@ -93,13 +99,13 @@ impl DeviceSelection {
     pub(super) fn start(
         &mut self,
         table: &ReplayTable,
-        collector: &CudaCollector,
+        collector: &DeviceCollector<A>,
         view: &TableView<'_>,
         i: usize,
-        batch: &mut CudaBatch,
+        batch: &mut DeviceBatch<A>,
         deadline: Option<Instant>,
     ) -> Result<bool> {
-        self.in_flight[i] = None;
+        self.in_flight[i] = false;
         self.changed.clear();
         let rows = batch.layout().rows();
         let Some(rule) = table.admit_device_draw(rows, deadline, &mut self.cursor, &mut self.changed)? else {
@@ -123,33 +129,46 @@ impl DeviceSelection {
             // next batch describes and writes every slot again.
             table.unadmit_device_draw(rows);
             self.cursor = DeviceCursor::default();
-            return Err(e.into());
+            return Err(device_error(e));
         }
-        self.in_flight[i] = Some(deadline);
+        self.in_flight[i] = true;
         self.batches += 1;
         Ok(true)
     }
 
     /// Whether batch `i` was drawn on the device and awaits [`Self::adopt`].
     pub(super) fn is_in_flight(&self, i: usize) -> bool {
-        self.in_flight[i].is_some()
+        self.in_flight[i]
     }
 
-    /// Waits for batch `i` and hands its rows to `draws` for validation.
+    /// The rows' host copy of batch `i`, for the check queued behind its
+    /// gather.
+    pub(super) fn keys_handle(&self, i: usize, capacity: u64) -> DrawnKeys<A> {
+        self.drawn[i].keys_handle(capacity)
+    }
+
+    /// Waits for batch `i` and hands its rows to `draws` for validation:
+    /// `checked` (per row, whether its slot held its key when the copy
+    /// completed) when that check ran; redraws share `deadline`.
     pub(super) fn adopt(
         &mut self,
         table: &ReplayTable,
         i: usize,
-        batch: &mut CudaBatch,
+        batch: &mut DeviceBatch<A>,
         draws: &mut crate::sampler::Draws,
+        deadline: Option<Instant>,
+        checked: Option<Vec<bool>>,
     ) -> Result<()> {
-        let Some(deadline) = self.in_flight[i].take() else { return Ok(()) };
-        let rows = self.drawn[i].read_back(batch, table.spec().capacity())?;
+        if !std::mem::take(&mut self.in_flight[i]) {
+            return Ok(());
+        }
+        let rows = self.drawn[i].read_back(batch, table.spec().capacity()).map_err(device_error)?;
         draws.adopt(
             table,
             deadline,
             rows.iter()
                 .map(|r| r.key.map(|key| (Sampled { key, probability: r.probability, weight: r.weight }, r.len))),
+            checked,
         )
     }
 }
@@ -193,7 +212,7 @@ mod tests {
         let stale = SlotKey { generation: keys[2].generation + 7, ..keys[2] };
         let rows = vec![drawn(keys[0], 0.25), None, drawn(keys[1], 0.125), drawn(stale, 0.5), drawn(keys[0], 0.25)];
         let sampled_before = sh.region.slots()[keys[0].slot as usize].meta(keys[0].slot).times_sampled;
-        draws.adopt(&table, None, rows.into_iter()).unwrap();
+        draws.adopt(&table, None, rows.into_iter(), None).unwrap();
         let gather_rows: Vec<GatherRow> =
             [keys[0], keys[0], keys[1], keys[0], keys[0]].iter().map(|k| GatherRow::whole(k.slot, 3)).collect();
         sh.collector.gather(&sh.region.view(), &gather_rows, &draws.layout, &mut batch).unwrap();
