@@ -313,7 +313,7 @@ impl Locked<'_> {
         if let Err(e) = self.activate_items(key, len, None, true, true) {
             // The trajectory stays, with no item: the remover evicts it in
             // its turn.
-            eprintln!("gear: the items of reclaimed trajectory {key} could not be inserted: {e}");
+            tracing::warn!("the items of reclaimed trajectory {key} could not be inserted: {e}");
         }
         Ok(())
     }
