@@ -1,6 +1,6 @@
 //! Cross-crate conformance tests for GEAR-rs. The library part holds what a
 //! downstream crate would write; the tests live in `tests/`. The README's
-//! Rust snippets are this crate's doc tests ([`ReadmeSnippets`]).
+//! Rust snippets are this crate's doc tests (`ReadmeSnippets`, an item that exists only for them).
 //!
 //! [`AboveThreshold`] is a selection strategy written the way a user's crate
 //! would write one: against `gear_core::Selector` only, with no access to
