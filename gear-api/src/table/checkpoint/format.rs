@@ -10,7 +10,7 @@ use std::path::Path;
 /// First eight bytes of every checkpoint.
 pub const MAGIC: [u8; 8] = *b"GEARCKPT";
 /// The format version this build writes (2: items). It reads this one and
-/// every older one down to [`OLDEST_VERSION`].
+/// every older one down to `OLDEST_VERSION` (1).
 pub const VERSION: u32 = 2;
 /// The oldest format version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
