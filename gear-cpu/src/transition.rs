@@ -681,6 +681,10 @@ mod tests {
     use super::*;
 
     #[test]
+    // Safe arithmetic, and Miri perturbs the float operations the reference
+    // values use (its non-deterministic float precision), so the subnormal
+    // case differs there only.
+    #[cfg_attr(miri, ignore = "Miri's float operations are not exact")]
     fn half_floats_convert() {
         for v in [0.0f32, 1.0, -2.5, 0.5, 65504.0, 6.1035156e-5] {
             // Round-trip through the bit pattern half-precision stores.
