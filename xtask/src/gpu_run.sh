@@ -3,7 +3,8 @@
 # gear-cuda/README.md). Needs only the NVIDIA driver: the kernels are
 # embedded as PTX/CUBIN, and no cargo, CUDA toolkit or network is used.
 #
-#   ./run.sh [all]        everything below, in this order (the default)
+#   ./run.sh [all]        every step below (the default), sanitize last: it is the
+#                         slowest, and some GPU machines refuse it (gVisor)
 #   ./run.sh tests        every CUDA test binary (GEAR_REQUIRE_GPU=1: a skip fails),
 #                         the conformance suite through GPU selection and the device cache
 #   ./run.sh sanitize     compute-sanitizer memcheck and racecheck over the device tests
@@ -169,11 +170,11 @@ header
 case "$what" in
     all)
         do_tests
-        do_sanitize
         do_soak
         do_bench
         do_train
         do_rdma
+        do_sanitize
         ;;
     tests) do_tests ;;
     sanitize) do_sanitize ;;
