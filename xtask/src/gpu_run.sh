@@ -21,7 +21,10 @@
 # any step failed.
 #
 # Environment: GEAR_REPORT (report path), GEAR_SOAK_SECONDS (default 120),
-# GEAR_STEP_TIMEOUT (seconds per step, default 600), GEAR_GPU_BACKEND
+# GEAR_STEP_TIMEOUT (seconds per step, default 600), GEAR_BUDGET_SECONDS
+# (the whole run's time: each step gets at most what is left, and the steps
+# that find it spent are listed NOT RUN, so a short lease still ends with a
+# summary; default none), GEAR_GPU_BACKEND
 # (`cuda`, the default, or `cpu-device`, gear-device's CPU device, which
 # runs the soak and train steps without a GPU: for checking this script),
 # GEAR_TRAIN_ARGS (extra arguments of `gear train-bench`), and
@@ -33,6 +36,7 @@ what="${1:-all}"
 report="${GEAR_REPORT:-$here/report-$(hostname 2>/dev/null || echo host)-$(date -u +%Y%m%dT%H%M%SZ).txt}"
 backend="${GEAR_GPU_BACKEND:-cuda}"
 step_timeout="${GEAR_STEP_TIMEOUT:-600}"
+budget="${GEAR_BUDGET_SECONDS:-}"
 
 # Filled in by `cargo xtask gpu-test`.
 tests=(@TESTS@)
@@ -49,17 +53,28 @@ note() { printf '%s\n' "$*"; }
 # PASS or FAIL and how long it took.
 run_step() {
     local name="$1"; shift
+    local limit="$step_timeout"
+    if [[ -n "$budget" ]]; then
+        local left=$((budget - SECONDS))
+        if (( left < 5 )); then
+            note ""
+            note "== $name: not run: GEAR_BUDGET_SECONDS=$budget is spent"
+            summary+=("NOT RUN      $name (GEAR_BUDGET_SECONDS=$budget spent)")
+            return 0
+        fi
+        (( left < limit )) && limit=$left
+    fi
     note ""
     note "== $name: $*"
     local start=$SECONDS status
-    timeout --kill-after=30 "$step_timeout" "$@"
+    timeout --kill-after=10 "$limit" "$@"
     status=$?
     local took=$((SECONDS - start))
     if [[ $status == 0 ]]; then
         summary+=("PASS         $name (${took}s)")
     else
         local why="exit $status"
-        [[ $status == 124 || $status == 137 ]] && why="timed out after ${step_timeout}s"
+        [[ $status == 124 || $status == 137 ]] && why="timed out after ${limit}s"
         summary+=("FAIL         $name (${took}s, $why)")
         failed=1
     fi

@@ -560,6 +560,14 @@ mod tests {
             assert_eq!(code, Some(0), "{text}");
             assert!(text.contains("UNAVAILABLE  compute-sanitizer memcheck device (no compute-sanitizer"), "{text}");
         }
+        // A spent budget: the steps after it are listed, not run.
+        let slow = dir.join("bin/cuda_bench");
+        std::fs::write(&slow, "#!/usr/bin/env bash\nexec sleep 30\n").unwrap();
+        let (code, text) = run(&["bench"], &[("GEAR_BUDGET_SECONDS", "7")]);
+        assert_eq!(code, Some(1), "{text}");
+        assert!(text.contains("FAIL         cuda_bench") && text.contains("timed out after"), "{text}");
+        assert!(text.contains("NOT RUN      gear bench --backend cuda --batch 32 (GEAR_BUDGET_SECONDS=7 spent)"), "{text}");
+        assert!(text.contains("NOT RUN      criterion cuda_gather"), "{text}");
         let (code, _) = run(&["nonsense"], &[]);
         assert_eq!(code, Some(2));
         std::fs::remove_dir_all(&dir).ok();
