@@ -295,14 +295,72 @@ pub fn hot_trajectories_are_gathered_from_the_device_cache<A: DeviceApi>(dev: &A
     }
     assert!(s.cached_trajectories() > 0, "the fill thread admitted nothing");
     assert!(served > 0, "no row was gathered from the device cache");
-    // New trajectories evict old ones and reuse their slots.
+    // New trajectories evict old ones and reuse their slots, after the
+    // batch prefetched meanwhile was copied and checked (it would be on a
+    // GPU by now): its rows were copied cleanly, so they are kept (see
+    // `rows_evicted_after_a_clean_copy_are_kept`) and hold the trajectories
+    // as they were before the reuse, served from the cache or from host
+    // memory alike. (A GPU run caught this test comparing them with the
+    // reused slots.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !s.prefetch_checked() {
+        assert!(std::time::Instant::now() < deadline, "the prefetched copy was never checked");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let before = rows_before_reuse(&s, &lens);
     for id in 100..106u8 {
         lens.insert(write_traj(&table, id, 9), 9);
+    }
+    let redrawn = s.redrawn_rows();
+    s.sample().unwrap();
+    assert_eq!(s.redrawn_rows(), redrawn, "rows copied cleanly before the reuse were redrawn");
+    let batch = s.batch();
+    for c in 0..batch.columns() {
+        let got = batch.column_to_host(c).unwrap();
+        let row_bytes = batch.layout().row_bytes(c) as usize;
+        for (r, key) in batch.keys().iter().enumerate() {
+            let want = &before[key][c];
+            assert!(
+                got[r * row_bytes..][..row_bytes] == want[..],
+                "prefetched before the reuse: row {r} ({key}) column {c}"
+            );
+        }
     }
     for round in 0..40 {
         s.sample().unwrap();
         check_last_batch(&s, &lens, &none, &format!("after reuse, round {round}"));
     }
+}
+
+/// Every stored trajectory's row (key to bytes per column) as the CPU
+/// collector gathers it now, in the sampler's batch layout.
+fn rows_before_reuse<A: DeviceApi>(
+    sampler: &DeviceSampler<A>,
+    lens: &HashMap<SlotKey, u64>,
+) -> HashMap<SlotKey, Vec<Vec<u8>>> {
+    let layout = sampler.layout().clone();
+    let cpu = gear_cpu::CpuCollector::with_threads(1);
+    let mut out = cpu.alloc_batch(&layout).unwrap();
+    let keys: Vec<SlotKey> = lens.keys().copied().collect();
+    let mut rows = HashMap::new();
+    for chunk in keys.chunks(layout.rows()) {
+        // A short chunk repeats its first key to fill the layout.
+        let gather: Vec<GatherRow> = (0..layout.rows())
+            .map(|i| *chunk.get(i).unwrap_or(&chunk[0]))
+            .map(|k| GatherRow::whole(k.slot, lens[&k]))
+            .collect();
+        cpu.gather(&sampler.table_view(), &gather, &layout, &mut out).unwrap();
+        for (i, key) in chunk.iter().enumerate() {
+            let columns = (0..layout.columns().len())
+                .map(|c| {
+                    let row_bytes = layout.row_bytes(c) as usize;
+                    out.column(c)[i * row_bytes..][..row_bytes].to_vec()
+                })
+                .collect();
+            rows.insert(*key, columns);
+        }
+    }
+    rows
 }
 
 /// Selection on the device through the public API: a device strategy
