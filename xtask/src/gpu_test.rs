@@ -566,7 +566,10 @@ mod tests {
         let (code, text) = run(&["bench"], &[("GEAR_BUDGET_SECONDS", "7")]);
         assert_eq!(code, Some(1), "{text}");
         assert!(text.contains("FAIL         cuda_bench") && text.contains("timed out after"), "{text}");
-        assert!(text.contains("NOT RUN      gear bench --backend cuda --batch 32 (GEAR_BUDGET_SECONDS=7 spent)"), "{text}");
+        assert!(
+            text.contains("NOT RUN      gear bench --backend cuda --batch 32 (GEAR_BUDGET_SECONDS=7 spent)"),
+            "{text}"
+        );
         assert!(text.contains("NOT RUN      criterion cuda_gather"), "{text}");
         let (code, _) = run(&["nonsense"], &[]);
         assert_eq!(code, Some(2));
