@@ -19,6 +19,17 @@ pub const MAX_BLOCKS_PER_TASK: u64 = 64;
 /// Most blocks in grid x.
 pub const MAX_GRID_X: u64 = 1 << 20;
 
+/// Most blocks of one gather launch (grid x times grid y; x strides over
+/// the tasks). A gather from pinned host memory is bound by the link, which
+/// a few hundred blocks saturate; a grid of one block per task (12 288 for
+/// 1024 windows of 128 KiB in three columns) queued every block slot of an
+/// H200, so the trainer's next kernel, ready at the same moment, started
+/// only after the whole gather: the first GPU run of `train-bench` showed
+/// prefetching trainers waiting exactly as long as the copy took. This many
+/// blocks of [`BLOCK`] threads hold about a quarter of an H100's or H200's
+/// thread slots and still keep 2 MB of loads in flight.
+pub const MAX_GATHER_BLOCKS: u64 = 512;
+
 /// Blocks for a 1-D grid-stride launch over `items` items.
 pub fn grid_1d(items: u64) -> u32 {
     items.div_ceil(u64::from(BLOCK)).clamp(1, MAX_GRID_X) as u32
@@ -141,8 +152,9 @@ pub fn plan_gather(
         max_row_bytes = max_row_bytes.max(batch.row_bytes(i));
     }
     let tasks = rows.len() as u64 * batch.columns().len() as u64;
-    let grid_x = tasks.clamp(1, MAX_GRID_X) as u32;
-    let grid_y = max_row_bytes.div_ceil(BYTES_PER_BLOCK).clamp(1, MAX_BLOCKS_PER_TASK) as u32;
+    let grid_y = max_row_bytes.div_ceil(BYTES_PER_BLOCK).clamp(1, MAX_BLOCKS_PER_TASK);
+    let grid_x = tasks.clamp(1, (MAX_GATHER_BLOCKS / grid_y).clamp(1, MAX_GRID_X)) as u32;
+    let grid_y = grid_y as u32;
     Ok(GatherPlan {
         words,
         rows: rows.len() as u64,
@@ -274,6 +286,24 @@ mod tests {
             TableSpec::new(vec![ColumnSpec::new("a", DType::U8, [3]), ColumnSpec::new("b", DType::F32, [4])], 10, 4)
                 .unwrap();
         Layout::new(&spec).unwrap()
+    }
+
+    #[test]
+    fn a_large_gather_keeps_to_the_block_limit() {
+        let spec = TableSpec::new(vec![ColumnSpec::new("obs", DType::U8, [4096])], 64, 2048).unwrap();
+        let l = Layout::new(&spec).unwrap();
+        let b = BatchLayout::new(&l, &[0], 1024, WindowSpec::last(32)).unwrap();
+        let rows: Vec<GatherRow> = (0..1024).map(|i| GatherRow::whole(i, 64)).collect();
+        let p = plan_gather(&l, &b, &rows, 0, &[1 << 40], &[]).unwrap();
+        // 128 KiB rows: 4 blocks per task; 1024 tasks strided over 128.
+        assert_eq!(p.grid, (128, 4));
+        assert!(u64::from(p.grid.0) * u64::from(p.grid.1) <= MAX_GATHER_BLOCKS);
+        // Rows longer than MAX_BLOCKS_PER_TASK blocks still get one x block.
+        let spec = TableSpec::new(vec![ColumnSpec::new("obs", DType::U8, [1 << 20])], 8, 4).unwrap();
+        let l = Layout::new(&spec).unwrap();
+        let b = BatchLayout::new(&l, &[0], 2, WindowSpec::last(8)).unwrap();
+        let p = plan_gather(&l, &b, &[GatherRow::whole(0, 8), GatherRow::whole(1, 8)], 0, &[1 << 40], &[]).unwrap();
+        assert_eq!(p.grid, (2, 64));
     }
 
     #[test]
