@@ -40,8 +40,11 @@ pub struct SoakConfig {
     /// Writer processes.
     #[arg(long, default_value_t = 3)]
     pub writers: usize,
-    /// Table capacity in trajectories (small: slots are reused fast).
-    #[arg(long, default_value_t = 64)]
+    /// Table capacity in trajectories (small: slots are reused fast; with
+    /// 64, three writers rewrote each slot every 0.2 ms on an H200, faster
+    /// than a batch's rows could be drawn, copied and checked, and no batch
+    /// came through).
+    #[arg(long, default_value_t = 1024)]
     pub capacity: u64,
     /// Maximum trajectory length T.
     #[arg(long, default_value_t = 32)]
