@@ -40,11 +40,12 @@ where
     }
 }
 
-/// Runs `call` on a thread of its own and waits for its answer with the
-/// GIL released, one [`WAIT_SLICE`] at a time, running Python's signal
-/// handlers in between: Ctrl-C ends the wait within a slice. A call left
-/// behind that way finishes on its thread (every cluster call has a
-/// deadline) and its answer is dropped; it owns everything it touches.
+/// Runs `call` on one of the process's call threads and waits for its
+/// answer with the GIL released, one [`WAIT_SLICE`] at a time, running
+/// Python's signal handlers in between: Ctrl-C ends the wait within a
+/// slice. A call left behind that way finishes on its thread (every cluster
+/// call has a deadline) and its answer is dropped; it owns everything it
+/// touches.
 pub(crate) fn off_thread<T, F>(py: Python<'_>, call: F) -> Result<T>
 where
     T: Send + 'static,
@@ -52,12 +53,9 @@ where
 {
     use std::sync::mpsc::{sync_channel, RecvTimeoutError};
     let (answer, answered) = sync_channel(1);
-    std::thread::Builder::new()
-        .name("gear-call".into())
-        .spawn(move || {
-            let _ = answer.send(call());
-        })
-        .map_err(|e| crate::error::Error::Spec(format!("cannot start a thread for the call: {e}")))?;
+    call_threads::run(Box::new(move || {
+        let _ = answer.send(call());
+    }))?;
     // A receiver is not `Sync`; the lock lets the GIL-free closure borrow it.
     let answered = std::sync::Mutex::new(answered);
     loop {
@@ -67,6 +65,132 @@ where
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(crate::error::Error::Spec("the call's thread ended without an answer".into()))
             }
+        }
+    }
+}
+
+/// The threads [`off_thread`] runs calls on: started when every one is
+/// busy, kept while calls come (a thread per call cost a Python actor's
+/// small remote inserts a third of their speed), ended after
+/// [`call_threads::IDLE_EXIT`] without one.
+mod call_threads {
+    use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+    use std::sync::{Mutex, MutexGuard};
+    use std::time::Duration;
+
+    /// One call.
+    pub(super) type Job = Box<dyn FnOnce() + Send>;
+
+    /// How long an idle thread waits for a call before it ends.
+    pub(super) const IDLE_EXIT: Duration = Duration::from_secs(30);
+
+    /// An idle thread: its number and where its next call goes.
+    struct Idle {
+        id: u64,
+        jobs: Sender<Job>,
+    }
+
+    /// The idle threads, the most recently idle last; the next thread's
+    /// number; and the process they belong to.
+    static IDLE: Mutex<(Vec<Idle>, u64, u32)> = Mutex::new((Vec::new(), 0, 0));
+
+    /// The idle list (a panic elsewhere while it was held left it whole).
+    /// In a child forked from a process that had call threads it starts
+    /// empty: those threads were not copied, and a call handed to one would
+    /// never run.
+    fn idle() -> MutexGuard<'static, (Vec<Idle>, u64, u32)> {
+        let mut list = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+        let pid = std::process::id();
+        if list.2 != pid {
+            // Forgotten, not dropped: a forked copy's senders are inert.
+            std::mem::forget(std::mem::take(&mut list.0));
+            list.2 = pid;
+        }
+        list
+    }
+
+    /// Hands `job` to an idle thread, or to a new one when none is idle.
+    pub(super) fn run(job: Job) -> crate::error::Result<()> {
+        let mut job = job;
+        loop {
+            let popped = idle().0.pop();
+            let Some(popped) = popped else { break };
+            // A thread that was popped never ends before it receives
+            // (see `serve`), so this fails only if it panicked.
+            match popped.jobs.send(job) {
+                Ok(()) => return Ok(()),
+                Err(returned) => job = returned.0,
+            }
+        }
+        let (to_thread, inbox) = channel::<Job>();
+        let id = {
+            let mut list = idle();
+            list.1 += 1;
+            list.1
+        };
+        to_thread.send(job).expect("`inbox` is alive: the thread has not started");
+        std::thread::Builder::new()
+            .name("gear-call".into())
+            .spawn(move || serve(id, to_thread, inbox))
+            .map_err(|e| crate::error::Error::Spec(format!("cannot start a thread for the call: {e}")))?;
+        Ok(())
+    }
+
+    /// A call thread's loop: run a call, offer itself as idle, wait for the
+    /// next; end when no call came for [`IDLE_EXIT`] and it is still idle.
+    fn serve(id: u64, me: Sender<Job>, jobs: std::sync::mpsc::Receiver<Job>) {
+        loop {
+            match jobs.recv_timeout(IDLE_EXIT) {
+                Ok(job) => {
+                    job();
+                    idle().0.push(Idle { id, jobs: me.clone() });
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let mut list = idle();
+                    if let Some(at) = list.0.iter().position(|i| i.id == id) {
+                        list.0.remove(at);
+                        return;
+                    }
+                    // Popped by `run` just now: its call is on the way.
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use std::sync::mpsc::sync_channel;
+
+        /// Calls in a row reuse one thread; calls at once get threads of
+        /// their own.
+        #[test]
+        fn threads_are_reused_and_added_when_busy() {
+            let name = || std::thread::current().id();
+            let (tx, rx) = sync_channel(1);
+            run(Box::new(move || tx.send(name()).unwrap())).unwrap();
+            let first = rx.recv().unwrap();
+            // Wait until it is idle again.
+            while idle().0.is_empty() {
+                std::thread::yield_now();
+            }
+            let (tx, rx) = sync_channel(1);
+            run(Box::new(move || tx.send(name()).unwrap())).unwrap();
+            assert_eq!(rx.recv().unwrap(), first, "an idle thread takes the next call");
+
+            let (release, blocked) = std::sync::mpsc::channel::<()>();
+            let (tx, rx) = sync_channel(2);
+            let tx2 = tx.clone();
+            run(Box::new(move || {
+                tx.send(name()).unwrap();
+                let _ = blocked.recv();
+            }))
+            .unwrap();
+            let busy = rx.recv().unwrap();
+            run(Box::new(move || tx2.send(name()).unwrap())).unwrap();
+            assert_ne!(rx.recv().unwrap(), busy, "a busy thread's call does not hold the next");
+            drop(release);
         }
     }
 }
