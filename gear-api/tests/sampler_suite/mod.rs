@@ -315,11 +315,10 @@ pub fn hot_trajectories_are_gathered_from_the_device_cache<A: DeviceApi>(dev: &A
     s.sample().unwrap();
     assert_eq!(s.redrawn_rows(), redrawn, "rows copied cleanly before the reuse were redrawn");
     let batch = s.batch();
-    for c in 0..batch.columns() {
-        let got = batch.column_to_host(c).unwrap();
-        let row_bytes = batch.layout().row_bytes(c) as usize;
-        for (r, key) in batch.keys().iter().enumerate() {
-            let want = &before[key][c];
+    let columns: Vec<Vec<u8>> = (0..batch.columns()).map(|c| batch.column_to_host(c).unwrap()).collect();
+    for (r, key) in batch.keys().iter().enumerate() {
+        for (c, (got, want)) in columns.iter().zip(&before[key]).enumerate() {
+            let row_bytes = batch.layout().row_bytes(c) as usize;
             assert!(
                 got[r * row_bytes..][..row_bytes] == want[..],
                 "prefetched before the reuse: row {r} ({key}) column {c}"
