@@ -90,30 +90,38 @@ mod call_threads {
         jobs: Sender<Job>,
     }
 
-    /// The idle threads, the most recently idle last; the next thread's
-    /// number; and the process they belong to.
-    static IDLE: Mutex<(Vec<Idle>, u64, u32)> = Mutex::new((Vec::new(), 0, 0));
+    /// The process's call threads.
+    struct Pool {
+        /// The idle threads, the most recently idle last.
+        idle: Vec<Idle>,
+        /// The number of the last thread started.
+        last_id: u64,
+        /// The process the threads belong to.
+        pid: u32,
+    }
 
-    /// The idle list (a panic elsewhere while it was held left it whole).
+    static POOL: Mutex<Pool> = Mutex::new(Pool { idle: Vec::new(), last_id: 0, pid: 0 });
+
+    /// The pool (a panic elsewhere while it was held left it whole).
     /// In a child forked from a process that had call threads it starts
     /// empty: those threads were not copied, and a call handed to one would
     /// never run.
-    fn idle() -> MutexGuard<'static, (Vec<Idle>, u64, u32)> {
-        let mut list = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+    fn pool() -> MutexGuard<'static, Pool> {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         let pid = std::process::id();
-        if list.2 != pid {
+        if pool.pid != pid {
             // Forgotten, not dropped: a forked copy's senders are inert.
-            std::mem::forget(std::mem::take(&mut list.0));
-            list.2 = pid;
+            std::mem::forget(std::mem::take(&mut pool.idle));
+            pool.pid = pid;
         }
-        list
+        pool
     }
 
     /// Hands `job` to an idle thread, or to a new one when none is idle.
     pub(super) fn run(job: Job) -> crate::error::Result<()> {
         let mut job = job;
         loop {
-            let popped = idle().0.pop();
+            let popped = pool().idle.pop();
             let Some(popped) = popped else { break };
             // A thread that was popped never ends before it receives
             // (see `serve`), so this fails only if it panicked.
@@ -124,9 +132,9 @@ mod call_threads {
         }
         let (to_thread, inbox) = channel::<Job>();
         let id = {
-            let mut list = idle();
-            list.1 += 1;
-            list.1
+            let mut pool = pool();
+            pool.last_id += 1;
+            pool.last_id
         };
         to_thread.send(job).expect("`inbox` is alive: the thread has not started");
         std::thread::Builder::new()
@@ -143,12 +151,12 @@ mod call_threads {
             match jobs.recv_timeout(IDLE_EXIT) {
                 Ok(job) => {
                     job();
-                    idle().0.push(Idle { id, jobs: me.clone() });
+                    pool().idle.push(Idle { id, jobs: me.clone() });
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    let mut list = idle();
-                    if let Some(at) = list.0.iter().position(|i| i.id == id) {
-                        list.0.remove(at);
+                    let mut pool = pool();
+                    if let Some(at) = pool.idle.iter().position(|i| i.id == id) {
+                        pool.idle.remove(at);
                         return;
                     }
                     // Popped by `run` just now: its call is on the way.
@@ -172,7 +180,7 @@ mod call_threads {
             run(Box::new(move || tx.send(name()).unwrap())).unwrap();
             let first = rx.recv().unwrap();
             // Wait until it is idle again.
-            while idle().0.is_empty() {
+            while pool().idle.is_empty() {
                 std::thread::yield_now();
             }
             let (tx, rx) = sync_channel(1);
