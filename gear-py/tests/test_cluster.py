@@ -406,6 +406,39 @@ print(sum(i["size"] for i in cluster.info()))
         del os.environ["GEAR_TOKEN"]
 
 
+def test_a_forked_child_makes_cluster_calls_of_its_own(local_cluster):
+    """Cluster calls run on reused call threads; a child forked after the
+    parent made calls has none of them (threads are not copied by fork)
+    and must start its own instead of handing calls to a thread that does
+    not exist there (which would hang)."""
+    lc = local_cluster()
+    cluster = gear.Cluster(lc.addrs, TOKEN, call_timeout=4.0, seed=5)
+    batch = {"id": np.arange(4), "t": np.zeros(4, np.int32), "obs": np.zeros((4, OBS), np.uint8)}
+    cluster.writer("round_robin").insert_batch(batch)
+    pid = os.fork()
+    if pid == 0:  # the child: a client of its own, calls, a clean exit code
+        code = 1
+        try:
+            child = gear.Cluster(lc.addrs, TOKEN, call_timeout=4.0, seed=6)
+            child.writer("round_robin").insert_batch(batch)
+            code = 0 if sum(i["size"] for i in child.info()) == 8 else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's cluster calls hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+    cluster.writer("round_robin").insert_batch(batch)
+    assert sum(i["size"] for i in cluster.info()) == 12
+
+
 def test_from_file_reads_the_cluster_file(local_cluster):
     lc = local_cluster()
     path = lc.cluster_file(token=f'"{TOKEN}"', call_timeout_ms=2000)
