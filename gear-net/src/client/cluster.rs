@@ -71,7 +71,7 @@ pub(crate) struct ClientCore {
     pub(crate) state: Mutex<Vec<ShardState>>,
     rng: Mutex<Xoshiro256>,
     pub(crate) next_writer: Mutex<usize>,
-    /// What [`WriteTarget::MostFree`] knows of the shards' free slots.
+    /// What [`WriteTarget::MostFree`](super::WriteTarget::MostFree) knows of the shards' free slots.
     pub(crate) free_space: Mutex<FreeSpace>,
     /// The strategy's importance exponent, asked once (again after a
     /// shard rejoins).
