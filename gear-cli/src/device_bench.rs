@@ -90,6 +90,27 @@ pub struct SoakReport {
     pub bad_rows: u64,
 }
 
+impl SoakReport {
+    /// Whether the soak passed: no bad row, no timeout, and every ring
+    /// checked rows (a ring that delivered nothing checked nothing, and
+    /// proves nothing about it).
+    pub fn verdict(&self) -> Result<()> {
+        let timeouts: u64 = self.rings.iter().map(|g| g.timeouts).sum();
+        if self.bad_rows > 0 || timeouts > 0 {
+            return Err(Error::Integrity(format!("device soak: {} bad rows, {timeouts} timeouts", self.bad_rows)));
+        }
+        if let Some(g) = self.rings.iter().find(|g| g.rows_checked == 0) {
+            return Err(Error::Integrity(format!(
+                "device soak: ring {} delivered no batch ({} gave up with every row torn under {} evictions \
+                 in {:.1} s): slots were rewritten faster than a batch's rows could be drawn, copied and \
+                 checked; give the table more slots (--capacity) or fewer writers",
+                g.ring, g.torn, self.evictions, self.seconds
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// One ring size's counts.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct SoakRing {
@@ -499,6 +520,23 @@ pub fn cpu_device() -> Result<gear_device::CpuDevice> {
 
 #[cfg(test)]
 mod tests {
+    /// The verdict fails on bad rows, timeouts, and a ring that checked no
+    /// row (the H200 run of the old default, 64 slots, delivered 0 batches
+    /// in 20 s and passed); it passes otherwise.
+    #[test]
+    fn a_soak_fails_on_bad_rows_timeouts_or_a_ring_that_delivered_nothing() {
+        let ring =
+            |ring, rows_checked, timeouts, torn| SoakRing { ring, rows_checked, timeouts, torn, ..Default::default() };
+        let report = |rings, bad_rows| SoakReport { rings, bad_rows, evictions: 5, seconds: 2.0, ..Default::default() };
+        assert!(report(vec![ring(2, 64, 0, 3), ring(3, 128, 0, 0)], 0).verdict().is_ok());
+        let e = report(vec![ring(2, 64, 0, 0), ring(3, 0, 0, 7)], 0).verdict().unwrap_err().to_string();
+        assert!(e.contains("ring 3 delivered no batch (7 gave up") && e.contains("--capacity"), "{e}");
+        let e = report(vec![ring(2, 64, 1, 0), ring(3, 64, 0, 0)], 0).verdict().unwrap_err().to_string();
+        assert!(e.contains("1 timeouts"), "{e}");
+        let e = report(vec![ring(2, 64, 0, 0), ring(3, 64, 0, 0)], 2).verdict().unwrap_err().to_string();
+        assert!(e.contains("2 bad rows"), "{e}");
+    }
+
     use super::*;
 
     #[test]

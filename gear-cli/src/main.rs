@@ -604,24 +604,7 @@ fn device_soak(backend: &str, config: &device_bench::SoakConfig, json: bool) -> 
             }
             println!("  bad rows: {}", r.bad_rows);
         }
-        let timeouts: u64 = r.rings.iter().map(|g| g.timeouts).sum();
-        if r.bad_rows > 0 || timeouts > 0 {
-            return Err(gear_api::Error::Integrity(format!(
-                "device soak: {} bad rows, {timeouts} timeouts",
-                r.bad_rows
-            )));
-        }
-        // A ring that delivered nothing checked nothing: the soak proves
-        // nothing about it.
-        if let Some(g) = r.rings.iter().find(|g| g.rows_checked == 0) {
-            return Err(gear_api::Error::Integrity(format!(
-                "device soak: ring {} delivered no batch ({} gave up with every row torn under {} \
-                 evictions in {:.1} s): slots were rewritten faster than a batch's rows could be \
-                 drawn, copied and checked; give the table more slots (--capacity) or fewer writers",
-                g.ring, g.torn, r.evictions, r.seconds
-            )));
-        }
-        Ok(())
+        r.verdict()
     }))
 }
 
