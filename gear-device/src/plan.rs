@@ -24,7 +24,7 @@ pub const MAX_GRID_X: u64 = 1 << 20;
 /// a few hundred blocks saturate; a grid of one block per task (12 288 for
 /// 1024 windows of 128 KiB in three columns) queued every block slot of an
 /// H200, so the trainer's next kernel, ready at the same moment, started
-/// only after the whole gather: the first GPU run of `train-bench` showed
+/// only after the whole gather: an H200 run of `train-bench` showed
 /// prefetching trainers waiting exactly as long as the copy took. This many
 /// blocks of [`BLOCK`] threads hold about a quarter of an H100's or H200's
 /// thread slots and still keep 2 MB of loads in flight.
