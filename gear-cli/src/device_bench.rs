@@ -207,6 +207,9 @@ pub fn run_soak<A: DeviceApi>(device: &A::Device, c: &SoakConfig) -> Result<Soak
         return Err(Error::Config(format!("soak window {} must be in 1..={}", c.window, c.max_len)));
     }
     let name = format!("gear-device-soak-{}", std::process::id());
+    // Ctrl-C or SIGTERM ends the soak at once: its writers are killed and
+    // its table file removed (crate::signals).
+    let _remove_file = crate::signals::remove_on_exit(format!("/dev/shm/{name}").into());
     let table = ReplayTable::builder(soak_spec(c)?)
         .sampler_kind(kind, StrategyParams { alpha: 0.6, beta: 0.4, stratified: false })
         .shared_memory(&name)

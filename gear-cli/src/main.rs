@@ -347,14 +347,15 @@ fn main() -> ExitCode {
     // (closing its table, printing its summary); immediate: it cleans up
     // and exits at once. See signals.rs.
     let mode = match &cli.command {
-        Command::Bench { .. } => Some(signals::Mode::Immediate),
+        Command::Bench { .. } | Command::DeviceSoak { .. } => Some(signals::Mode::Immediate),
         Command::Demo { .. } | Command::Serve { dry_run: false, .. } | Command::Cluster { .. } => {
             Some(signals::Mode::Graceful)
         }
         Command::DemoActor { .. }
         | Command::DemoTrainer { .. }
         | Command::BenchWriter { .. }
-        | Command::BenchSampler { .. } => {
+        | Command::BenchSampler { .. }
+        | Command::DeviceSoakWriter { .. } => {
             signals::as_child();
             None
         }

@@ -153,6 +153,46 @@ fn bench_with_writer_processes_leaves_nothing_in_shm() {
     }
 }
 
+/// `gear device-soak` (on gear-device's CPU device) ends at the first
+/// signal with its writers and its table file gone (both were left behind
+/// before: a soak killed by `timeout` kept its 35 MB table).
+#[test]
+fn device_soak_leaves_nothing_in_shm() {
+    if gear_device::CpuDevice::new().is_err() {
+        assert!(std::env::var("GEAR_REQUIRE_CXX").map_or(true, |v| v != "1"), "GEAR_REQUIRE_CXX=1: no CPU device");
+        println!("skipped: the CPU device has no kernels (no C++ compiler at build time)");
+        return;
+    }
+    for signal in [Signal::CtrlC, Signal::Term] {
+        let mut child = start(&[
+            "device-soak",
+            "--backend",
+            "cpu-device",
+            "--seconds",
+            "600",
+            "--writers",
+            "2",
+            "--capacity",
+            "256",
+            "--max-len",
+            "8",
+            "--obs-bytes",
+            "32",
+            "--batch",
+            "8",
+            "--window",
+            "4",
+        ]);
+        let table = format!("gear-device-soak-{}", child.id());
+        wait_for(&Path::new(SHM).join(&table), &mut child);
+        std::thread::sleep(Duration::from_millis(1500));
+        send(&child, signal);
+        finish(&mut child);
+        group_gone(&child);
+        assert_eq!(left_in_shm(&table), Vec::<String>::new(), "{signal:?} left the soak's table in /dev/shm");
+    }
+}
+
 #[test]
 fn serve_leaves_nothing_in_shm_on_ctrl_c_sigterm_and_a_second_signal() {
     let dir = std::env::temp_dir().join(format!("gear-signals-serve-{}", std::process::id()));
