@@ -202,12 +202,15 @@ pub fn serve(config: &Path, options: &ServeOptions, persistence: &ServePersisten
         // Ctrl-C would.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
     }
-    let mut tables = Vec::with_capacity(cfg.tables.len());
-    // Should a second signal end the process at once, the files go too.
+    // Should a second signal end the process at once, the files go too:
+    // each is registered before its table creates it and stays registered
+    // until after the tables are dropped (declared first, dropped last), so
+    // no signal finds a table file it does not know.
     let mut _remove_files = Vec::with_capacity(cfg.tables.len());
+    let mut tables = Vec::with_capacity(cfg.tables.len());
     for t in &cfg.tables {
-        tables.push(open_table(config, &cfg, t, persistence.restore.as_deref())?);
         _remove_files.push(signals::remove_on_exit(table_dir(t).join(t.shm())));
+        tables.push(open_table(config, &cfg, t, persistence.restore.as_deref())?);
     }
     let mut schedule = persistence.checkpoint_dir.as_ref().map(|dir| {
         let every = persistence.checkpoint_every.and_then(|s| Duration::try_from_secs_f64(s).ok());
