@@ -16,12 +16,29 @@ venv="$root/target/gear-py-venv"
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
-pip=("$venv/bin/pip" install -q --disable-pip-version-check)
+# pip's cache is off: it would hold a second copy of torch's ~3 GB of
+# wheels beside the venv, and a full disk is the likeliest way a fresh
+# install fails. An install that fails (a registry hiccup, a full disk) is
+# tried three times, each failure followed by the disk's free space so the
+# log says which it was.
+pip_install() {
+    local attempt
+    for attempt in 1 2 3; do
+        if "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir --progress-bar off "$@"; then
+            return 0
+        fi
+        echo "pytest.sh: pip install $* failed (attempt $attempt of 3); free space under target/:" >&2
+        df -h "$root/target" >&2 || true
+        [ "$attempt" -lt 3 ] && sleep $((attempt * 20))
+    done
+    return 1
+}
 if ! "$venv/bin/python" -c "import maturin, numpy, pytest, pytest_timeout, h5py" 2>/dev/null; then
-    "${pip[@]}" "maturin>=1.5,<2" "numpy>=1.22" pytest pytest-timeout h5py
+    pip_install "maturin>=1.5,<2" "numpy>=1.22" pytest pytest-timeout h5py
 fi
 if ! "$venv/bin/python" -c "import torch, jax" 2>/dev/null; then
-    "${pip[@]}" torch "jax[cpu]"
+    echo "pytest.sh: installing torch and jax[cpu] (~5 GB) into $venv; free space: $(df -h --output=avail "$root/target" | tail -1)"
+    pip_install torch "jax[cpu]"
 fi
 export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
 # torch, JAX and the cluster's shard servers must be there: their tests
