@@ -164,9 +164,42 @@ pub(crate) struct Draws {
     /// Bytes of every column of one step, summed over requested columns.
     step_bytes: u64,
     /// Where random window starts come from, when rows start at random.
-    random_starts: Option<Xoshiro256>,
+    random_starts: Option<RandomStarts>,
     /// The table's items per trajectory (0: rows are trajectories).
     items_per_slot: u32,
+}
+
+/// R2D2-style random window starts ([`SampleConfig::random_start`]), for
+/// the sampler and for draws that return byte ranges: a random start is
+/// "the last `len` steps of the trajectory cut short at a random point",
+/// so the window rule needs no per-row offset.
+#[derive(Debug)]
+pub(crate) struct RandomStarts(Xoshiro256);
+
+impl RandomStarts {
+    /// A stream derived from a selection's seed (the table's seed and the
+    /// sampler, never the process id), so that a seeded table cuts the same
+    /// windows run after run.
+    pub(crate) fn new(selection_seed: u64) -> Self {
+        RandomStarts(Xoshiro256::seed_from_u64(selection_seed ^ 0x5eed_5747_a475_0001))
+    }
+
+    /// The window rule rows cut by [`RandomStarts::cut`] are read with: the
+    /// last `window.len` steps (`window.offset` is not used).
+    pub(crate) fn window(window: WindowSpec) -> WindowSpec {
+        WindowSpec { offset: -(window.len.min(i64::MAX as u64) as i64), ..window }
+    }
+
+    /// Where to cut a row of `len` published steps (a trajectory, or an
+    /// item's window) so that its last `window_len` steps start uniformly
+    /// at random inside it; a row no longer than the window is not cut.
+    pub(crate) fn cut(&mut self, len: u64, window_len: u64) -> u64 {
+        if len > window_len {
+            window_len + self.0.below(len - window_len + 1)
+        } else {
+            len
+        }
+    }
 }
 
 impl Draws {
@@ -187,20 +220,11 @@ impl Draws {
         } else {
             config.columns.iter().map(|n| spec.column_index(n)).collect::<gear_core::Result<_>>()?
         };
-        // A random start is "the last `len` steps of the trajectory cut
-        // short at a random point": the window rule needs no per-row offset.
-        let window = if config.random_start {
-            WindowSpec { offset: -(config.window.len.min(i64::MAX as u64) as i64), ..config.window }
-        } else {
-            config.window
-        };
+        let window = if config.random_start { RandomStarts::window(config.window) } else { config.window };
         let layout = BatchLayout::new(table.shared.region.layout(), &columns, config.batch_size, window)?;
         let meta = BatchMeta::new(spec, &columns, config.batch_size);
         let selection = table.selection();
-        // Derived from the table's seed and the sampler, never the process
-        // id, so a seeded table cuts the same windows run after run.
-        let random_starts =
-            config.random_start.then(|| Xoshiro256::seed_from_u64(selection.seed ^ 0x5eed_5747_a475_0001));
+        let random_starts = config.random_start.then(|| RandomStarts::new(selection.seed));
         let n = config.batch_size;
         let draws = Draws {
             step_bytes: layout.step_bytes().iter().sum(),
@@ -453,8 +477,8 @@ impl Draws {
     fn row(&mut self, d: &Drawn) -> GatherRow {
         let l = self.layout.window().len;
         let len = match &mut self.random_starts {
-            Some(rng) if d.len > l => l + rng.below(d.len - l + 1),
-            _ => d.len,
+            Some(starts) => starts.cut(d.len, l),
+            None => d.len,
         };
         let slot = if self.items_per_slot == 0 { d.sampled.key.slot } else { d.trajectory(self.items_per_slot).slot };
         GatherRow { slot, start: d.start, len }

@@ -308,7 +308,7 @@ pub fn run_cluster_bench(
     let tcp_insert_cpu = plain.cpu() - cpu_before.1;
     let insert_cpu = cluster_cpu_seconds(&servers) - cpu_before.0 - tcp_insert_cpu;
 
-    let request = ClusterSample { rows: c.batch as u64, window, columns: vec![] };
+    let request = ClusterSample { rows: c.batch as u64, window, columns: vec![], random_start: false };
     // Each batch in flight has buffers of its own, reused every round, and
     // the shards' replies are decoded straight into them: what a trainer's
     // data loaders do (`sample_into`).

@@ -96,7 +96,8 @@ pub fn run(file: &Path, duration: Duration, actors: usize, batch: u64) -> Result
                 })
             })
             .collect();
-        let request = ClusterSample { rows: batch, window: WindowSpec::last(window), columns: vec![] };
+        let request =
+            ClusterSample { rows: batch, window: WindowSpec::last(window), columns: vec![], random_start: false };
         let mut last = Instant::now();
         let mut trainer = Ok(());
         while !done() {

@@ -219,7 +219,12 @@ fn sample_cluster(file: &Path, a: &SampleArgs) -> Result<()> {
     } else {
         a.columns.clone()
     };
-    let request = gear_net::ClusterSample { rows: a.rows, window: WindowSpec::last(window), columns: names.clone() };
+    let request = gear_net::ClusterSample {
+        rows: a.rows,
+        window: WindowSpec::last(window),
+        columns: names.clone(),
+        random_start: false,
+    };
     let batch = client.sample(&request).map_err(net)?;
     for lost in &batch.lost {
         println!("shard {} left out: {}", lost.shard, lost.reason);

@@ -234,7 +234,8 @@ fn three_shards_sampled_while_written_a_killed_shard_reported_and_rejoining() {
             assert!(keys.iter().all(|k| k.shard == s as u32));
         }
         let window = 8;
-        let request = ClusterSample { rows: 32, window: WindowSpec::last(window), columns: vec![] };
+        let request =
+            ClusterSample { rows: 32, window: WindowSpec::last(window), columns: vec![], random_start: false };
         let writer_addrs = addrs.clone();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop_w = stop.clone();
@@ -346,9 +347,14 @@ fn wrong_or_missing_tokens_and_out_of_range_requests_are_refused() {
             Error::Core(_) | Error::Config(_) => {}
             other => panic!("expected a refusal, got {other}"),
         };
-        invalid(ClusterSample { rows: 4, window: WindowSpec::last(MAX_LEN + 1), columns: vec![] });
-        invalid(ClusterSample { rows: 4, window: WindowSpec::last(4), columns: vec!["nope".into()] });
-        invalid(ClusterSample { rows: 1 << 30, window: WindowSpec::last(4), columns: vec![] });
+        invalid(ClusterSample { rows: 4, window: WindowSpec::last(MAX_LEN + 1), columns: vec![], random_start: false });
+        invalid(ClusterSample {
+            rows: 4,
+            window: WindowSpec::last(4),
+            columns: vec!["nope".into()],
+            random_start: false,
+        });
+        invalid(ClusterSample { rows: 1 << 30, window: WindowSpec::last(4), columns: vec![], random_start: false });
         // A trajectory longer than the table's T, and a short buffer.
         assert!(good.insert(WriteTarget::Shard(0), vec![trajectory(2, MAX_LEN + 1)], 0).is_err());
         let mut bad = trajectory(3, 2);
@@ -356,7 +362,9 @@ fn wrong_or_missing_tokens_and_out_of_range_requests_are_refused() {
         bad.columns[2].truncate(short);
         assert!(good.insert(WriteTarget::Shard(0), vec![bad], 0).is_err());
         // The server is still fine.
-        let b = good.sample(&ClusterSample { rows: 2, window: WindowSpec::last(4), columns: vec![] }).unwrap();
+        let b = good
+            .sample(&ClusterSample { rows: 2, window: WindowSpec::last(4), columns: vec![], random_start: false })
+            .unwrap();
         assert_eq!(check_rows(&b, WindowSpec::last(4)), 2);
         drop(shard);
         let _ = std::fs::remove_dir_all(&dir);
@@ -445,7 +453,8 @@ fn a_writer_killed_mid_stream_loses_no_slot() {
         let info = cluster.info(0).unwrap();
         assert_eq!(info.size, capacity, "slots lost to killed writers: {info:?}");
         // Only whole trajectories come back, every byte as written.
-        let request = ClusterSample { rows: 32, window: WindowSpec::last(MAX_LEN), columns: vec![] };
+        let request =
+            ClusterSample { rows: 32, window: WindowSpec::last(MAX_LEN), columns: vec![], random_start: false };
         for _ in 0..20 {
             let b = cluster.sample(&request).unwrap();
             assert!(b.lost.is_empty(), "{:?}", b.lost);
@@ -558,7 +567,7 @@ fn a_server_of_two_tables_checkpoints_and_restores_both() {
         replay.insert(WriteTarget::Shard(0), prioritized, 0).unwrap();
         queue.insert(WriteTarget::Shard(0), (101..=105).map(|id| trajectory(id, 3)).collect(), 2).unwrap();
         let window = WindowSpec::first(MAX_LEN);
-        let two = ClusterSample { rows: 2, window, columns: vec![] };
+        let two = ClusterSample { rows: 2, window, columns: vec![], random_start: false };
         assert_eq!(ids(&queue.sample(&two).unwrap(), window), [101, 102]);
 
         // The metrics endpoint of the process counts per table.
@@ -606,9 +615,9 @@ fn a_server_of_two_tables_checkpoints_and_restores_both() {
         let server = ShardProcess::spawn(&config, Some(TOKEN), &restore).unwrap();
         let replay = table_client(&server.addr, "replay");
         let queue = table_client(&server.addr, "queue");
-        let three = ClusterSample { rows: 3, window, columns: vec![] };
+        let three = ClusterSample { rows: 3, window, columns: vec![], random_start: false };
         assert_eq!(ids(&queue.sample(&three).unwrap(), window), [103, 104, 105]);
-        let batch = replay.sample(&ClusterSample { rows: 64, window, columns: vec![] }).unwrap();
+        let batch = replay.sample(&ClusterSample { rows: 64, window, columns: vec![], random_start: false }).unwrap();
         for (r, id) in ids(&batch, window).into_iter().enumerate() {
             assert!((1..=6).contains(&id), "row {r}: id {id}");
             // Priorities came back: probability id / 21.
@@ -683,7 +692,7 @@ shard = 0
             windows.insert(WriteTarget::Shard(0), (1..=3).map(|id| trajectory(id, 10)).collect(), 0).unwrap();
         assert_eq!(windows.info(0).unwrap().size, 12, "four windows per trajectory");
         let window = WindowSpec::first(4);
-        let request = ClusterSample { rows: 64, window, columns: vec![] };
+        let request = ClusterSample { rows: 64, window, columns: vec![], random_start: false };
         let mut items = std::collections::HashSet::new();
         for _ in 0..6 {
             let b = windows.sample(&request).unwrap();
@@ -714,7 +723,7 @@ shard = 0
         let two = WindowSpec::first(2);
         let mut old_items = std::collections::HashSet::new();
         for _ in 0..8 {
-            let b = dqn.sample(&ClusterSample { rows: 64, window: two, columns: vec![] }).unwrap();
+            let b = dqn.sample(&ClusterSample { rows: 64, window: two, columns: vec![], random_start: false }).unwrap();
             check_rows(&b, two);
             assert!(b.lengths.iter().all(|&n| n == 2), "a transition is (t, t + 1)");
             old_items.extend(b.keys.iter().copied());
@@ -727,7 +736,7 @@ shard = 0
         let u = dqn.update_priorities(&stale).unwrap();
         assert_eq!((u.applied, u.stale), (0, stale.len() as u64), "evicted items' and trajectories' keys are stale");
         for _ in 0..4 {
-            let b = dqn.sample(&ClusterSample { rows: 64, window: two, columns: vec![] }).unwrap();
+            let b = dqn.sample(&ClusterSample { rows: 64, window: two, columns: vec![], random_start: false }).unwrap();
             assert!((21..=24).contains(&ids(&b, two)[0]) && ids(&b, two).iter().all(|id| (21..=24).contains(id)));
             assert!(b.keys.iter().all(|k| !old_items.contains(k)), "no evicted item drawn");
         }

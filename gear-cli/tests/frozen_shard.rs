@@ -108,7 +108,7 @@ fn a_shard_frozen_with_a_pending_sample_reply_is_left_out_within_the_deadline() 
         let base = 1000 * s as i64;
         cluster.insert(WriteTarget::Shard(s), (base..base + 4).map(one).collect(), 0).unwrap();
     }
-    let request = ClusterSample { rows: 64, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: 64, window: WindowSpec::last(1), columns: vec![], random_start: false };
 
     // The trainer's batch: shard 1 takes the call and waits to draw.
     let (tx, rx) = mpsc::channel();
@@ -139,7 +139,7 @@ fn a_shard_frozen_with_a_pending_sample_reply_is_left_out_within_the_deadline() 
 
     // Resumed and given enough items, it serves again.
     cluster.insert(WriteTarget::Shard(1), (1004..1100).map(one).collect(), 0).unwrap();
-    let request = ClusterSample { rows: 64, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: 64, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut back = false;
     while !back && Instant::now() < deadline {

@@ -218,7 +218,7 @@ fn the_readme_multi_table_server_serves_what_its_section_says() {
     replay.insert(WriteTarget::Shard(0), vec![trajectory(1.0), trajectory(2.0)], 0).unwrap();
     queue.insert(WriteTarget::Shard(0), vec![trajectory(3.0), trajectory(4.0)], 0).unwrap();
     // The queue hands each trajectory to one reader, in order.
-    let one = ClusterSample { rows: 1, window: WindowSpec::last(1), columns: vec![] };
+    let one = ClusterSample { rows: 1, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let first = queue.sample(&one).unwrap();
     let second = queue.sample(&one).unwrap();
     let value = |b: &gear_net::ClusterBatch| f32::from_le_bytes(b.columns[0][..4].try_into().unwrap());
@@ -229,7 +229,9 @@ fn the_readme_multi_table_server_serves_what_its_section_says() {
         replay.update_priorities(&[(first.keys[0], 5.0)]).unwrap(),
         gear_net::PriorityUpdates { applied: 0, stale: 1 }
     );
-    let batch = replay.sample(&ClusterSample { rows: 4, window: WindowSpec::last(2), columns: vec![] }).unwrap();
+    let batch = replay
+        .sample(&ClusterSample { rows: 4, window: WindowSpec::last(2), columns: vec![], random_start: false })
+        .unwrap();
     assert_eq!(
         replay.update_priorities(&[(batch.keys[0], 5.0)]).unwrap(),
         gear_net::PriorityUpdates { applied: 1, stale: 0 }

@@ -14,7 +14,7 @@ use gear_net::{AsyncClusterClient, BatchRows, ClusterConfig, ClusterSample};
 
 async fn train(shards: Vec<String>, token: String, steps: usize) -> gear_net::Result<()> {
     let cluster = AsyncClusterClient::new(ClusterConfig::new(shards, token))?;
-    let request = ClusterSample { rows: 256, window: WindowSpec::last(32), columns: vec![] };
+    let request = ClusterSample { rows: 256, window: WindowSpec::last(32), columns: vec![], random_start: false };
     // The trainer's own buffers (pinned memory, say), filled in place.
     let sizes = cluster.column_bytes(&request).await?;
     let mut columns: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0; n]).collect();

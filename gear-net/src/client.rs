@@ -197,6 +197,11 @@ pub struct ClusterSample {
     pub window: WindowSpec,
     /// Columns by name; empty: all.
     pub columns: Vec<String>,
+    /// Start each row's window at a uniformly random step of its trajectory
+    /// (R2D2-style sequences; [`gear_api::SampleConfig::random_start`] on
+    /// the shard) instead of at `window.offset`, which is then not used.
+    /// [`BatchRows::starts`] says where each row begins.
+    pub random_start: bool,
 }
 
 /// One trajectory to insert remotely.

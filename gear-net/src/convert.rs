@@ -49,7 +49,7 @@ impl Limits {
         let config = SampleConfig::new(req.rows as usize, window)
             .columns(indices.iter().map(|&c| spec.columns()[c].name().to_owned()))
             .timeout(Some(timeout));
-        Ok(config)
+        Ok(if req.random_start { config.random_start() } else { config })
     }
 
     /// Checks one insert chunk against the spec: a buffer per column, each
@@ -200,6 +200,7 @@ mod tests {
                 incarnation: 0,
                 data_plane_session: 0,
                 table: String::new(),
+                random_start: false,
             };
             if let Ok(config) = Limits::new(1 << 20).sample_config(&spec(), &req) {
                 prop_assert!(config.batch_size as u64 <= MAX_SAMPLE_ROWS);

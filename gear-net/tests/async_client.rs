@@ -49,7 +49,7 @@ fn addresses(servers: &[ServerHandle]) -> Vec<String> {
 }
 
 fn request(rows: u64) -> ClusterSample {
-    ClusterSample { rows, window: WindowSpec::last(4), columns: vec![] }
+    ClusterSample { rows, window: WindowSpec::last(4), columns: vec![], random_start: false }
 }
 
 /// A batch written into caller buffers, as a `ClusterBatch` for the checks.

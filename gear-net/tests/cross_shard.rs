@@ -72,7 +72,7 @@ fn cross_shard_prioritized_sampling_matches_one_table() {
     config.seed = 12345;
     config.call_timeout = Duration::from_secs(10);
     let cluster = ClusterClient::new(config).unwrap();
-    let request = ClusterSample { rows: 200, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: 200, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let mut counts = vec![0u64; items as usize];
     let batches = 100;
     for _ in 0..batches {
@@ -126,7 +126,7 @@ fn deterministic_strategies_are_refused_across_shards() {
     let cluster =
         ClusterClient::new(ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN))
             .unwrap();
-    let request = ClusterSample { rows: 2, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: 2, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let e = cluster.sample(&request).unwrap_err();
     assert!(e.to_string().contains("cannot be merged exactly"), "{e}");
     // One shard alone keeps its order.

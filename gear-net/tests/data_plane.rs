@@ -41,7 +41,7 @@ fn byte_range_sampling_over_tcp_reads_every_row_exactly() {
     let cluster = client(&servers, DataPlane::ByteRangeTcp);
     let gather = client(&servers, DataPlane::ShardGather);
     for window in [WindowSpec::last(4), WindowSpec::first(3), WindowSpec { offset: 1, len: 5, pad: Pad::Tail }] {
-        let request = ClusterSample { rows: 64, window, columns: vec![] };
+        let request = ClusterSample { rows: 64, window, columns: vec![], random_start: false };
         let batch = cluster.sample(&request).unwrap();
         assert!(batch.lost.is_empty(), "{:?}", batch.lost);
         check_rows(&batch, window, 64);
@@ -64,7 +64,8 @@ fn byte_range_sampling_over_tcp_reads_every_row_exactly() {
     }
     assert_eq!(cluster.data_plane_kind(), Some(gear_core::TransportKind::Tcp));
     // A subset of columns, in another order.
-    let request = ClusterSample { rows: 8, window: WindowSpec::last(2), columns: vec!["id".into()] };
+    let request =
+        ClusterSample { rows: 8, window: WindowSpec::last(2), columns: vec!["id".into()], random_start: false };
     let batch = cluster.sample(&request).unwrap();
     assert_eq!(batch.columns.len(), 1);
     assert_eq!(batch.columns[0].len(), 8 * 2 * 8);
@@ -78,7 +79,7 @@ fn rows_overwritten_during_reads_are_never_returned_torn() {
     let writers = recycling_writers(&tables, &stop);
     let cluster = client(&servers, DataPlane::ByteRangeTcp);
     let window = WindowSpec::last(4);
-    let request = ClusterSample { rows: 32, window, columns: vec![] };
+    let request = ClusterSample { rows: 32, window, columns: vec![], random_start: false };
     let (done, refused) = sample_through_churn(&cluster, &request, |batch| {
         check_rows(batch, window, 32);
     });
@@ -103,17 +104,21 @@ fn auto_selection_samples_without_rdma() {
     let servers = serve(&tables);
     let cluster = client(&servers, DataPlane::Auto);
     let window = WindowSpec::last(3);
-    let batch = cluster.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap();
+    let batch = cluster.sample(&ClusterSample { rows: 16, window, columns: vec![], random_start: false }).unwrap();
     check_rows(&batch, window, 16);
-    let empty = cluster.sample(&ClusterSample { rows: 0, window, columns: vec![] });
+    let empty = cluster.sample(&ClusterSample { rows: 0, window, columns: vec![], random_start: false });
     assert!(matches!(empty, Err(gear_net::Error::Config(_))), "{empty:?}");
     // No RDMA device here: Auto gathers on the shards over TCP.
     assert_eq!(cluster.data_plane_kind(), None);
-    let small = ClusterSample { rows: 16, window, columns: vec![] };
+    let small = ClusterSample { rows: 16, window, columns: vec![], random_start: false };
     assert_eq!(cluster.data_plane_for(&small).unwrap(), None, "without RDMA the shards gather");
     // ByteRange asks for RDMA and falls back to TCP byte ranges.
     let ranged = client(&servers, DataPlane::ByteRange);
-    check_rows(&ranged.sample(&ClusterSample { rows: 16, window, columns: vec![] }).unwrap(), window, 16);
+    check_rows(
+        &ranged.sample(&ClusterSample { rows: 16, window, columns: vec![], random_start: false }).unwrap(),
+        window,
+        16,
+    );
     assert_eq!(ranged.data_plane_kind(), Some(gear_core::TransportKind::Tcp));
 }
 
@@ -131,7 +136,7 @@ fn a_stopped_shard_is_left_out_and_reported() {
     let mut servers = serve(&tables);
     let cluster = client(&servers, DataPlane::ByteRangeTcp);
     let window = WindowSpec::last(3);
-    let request = ClusterSample { rows: 24, window, columns: vec![] };
+    let request = ClusterSample { rows: 24, window, columns: vec![], random_start: false };
     check_rows(&cluster.sample(&request).unwrap(), window, 24);
     servers.remove(1).stop().unwrap();
     let batch = cluster.sample(&request).unwrap();

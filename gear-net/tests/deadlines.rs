@@ -58,7 +58,7 @@ fn config(addresses: Vec<String>) -> ClusterConfig {
 }
 
 fn request() -> ClusterSample {
-    ClusterSample { rows: 64, window: WindowSpec::last(2), columns: vec![] }
+    ClusterSample { rows: 64, window: WindowSpec::last(2), columns: vec![], random_start: false }
 }
 
 /// Every row's bytes are its trajectory's id; returns each row's id.

@@ -212,6 +212,7 @@ proptest! {
         incarnation in prop_oneof![3 => Just(0u64), 1 => any::<u64>()],
         data_plane_session in any::<u64>(),
         table in table_name(),
+        random_start in any::<bool>(),
     ) {
         let body = SampleRequest {
             rows,
@@ -224,6 +225,7 @@ proptest! {
             incarnation,
             data_plane_session,
             table,
+            random_start,
         }
         .encode_to_vec();
         unary("/gear.v1.Shard/Sample", body);

@@ -91,7 +91,7 @@ fn a_cluster_of_item_tables_samples_and_updates_items() {
     assert_eq!(keys.len(), 6);
     assert_eq!((gather.info(0).unwrap().size, gather.info(1).unwrap().size), (9, 9));
     let ranged = client(&servers, DataPlane::ByteRangeTcp);
-    let request = ClusterSample { rows: 64, window: WindowSpec::first(WINDOW), columns: vec![] };
+    let request = ClusterSample { rows: 64, window: WindowSpec::first(WINDOW), columns: vec![], random_start: false };
     let mut seen = HashSet::new();
     for c in [&gather, &ranged] {
         for _ in 0..4 {

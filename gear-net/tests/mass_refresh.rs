@@ -60,7 +60,9 @@ fn client(servers: &[ServerHandle], mass_refresh: Duration) -> ClusterClient {
 }
 
 fn sample(cluster: &ClusterClient) -> ClusterBatch {
-    let b = cluster.sample(&ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![] }).unwrap();
+    let b = cluster
+        .sample(&ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![], random_start: false })
+        .unwrap();
     assert!(b.lost.is_empty(), "lost: {:?}", b.lost);
     b
 }
@@ -149,7 +151,9 @@ fn a_shard_restarted_between_batches_is_not_asked_for_rows_its_new_run_lacks() {
     assert!(reconnected, "the restarted shard never answered");
     // Its new run refuses the rows split for the old one at once (rather
     // than waiting for data until the deadline); the rows come from shard 0.
-    let b = cluster.sample(&ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![] }).unwrap();
+    let b = cluster
+        .sample(&ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![], random_start: false })
+        .unwrap();
     assert_eq!(b.lost.len(), 1, "lost: {:?}", b.lost);
     assert_eq!(b.lost[0].shard, 1);
     assert!(b.lost[0].reason.contains("restarted"), "reason: {}", b.lost[0].reason);
@@ -165,7 +169,7 @@ fn an_empty_cluster_is_asked_again_on_every_batch() {
     let tables = tables();
     let servers = servers(&tables);
     let cluster = client(&servers, Duration::from_secs(3600));
-    let request = ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let err = cluster.sample(&request).unwrap_err().to_string();
     assert!(err.contains("no shard holds items"), "{err}");
     // Another process's first inserts are drawn by the very next batch.

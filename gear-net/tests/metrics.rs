@@ -212,7 +212,7 @@ fn the_endpoint_serves_every_documented_metric_and_counts_the_traffic() {
     // the full queue, and a call naming no table.
     let r = client(&server, "replay", Duration::from_secs(5));
     r.insert(WriteTarget::Shard(0), (1..=5).map(|i| trajectory(i, 3)).collect(), 0).unwrap();
-    let request = ClusterSample { rows: 8, window: WindowSpec::last(2), columns: vec![] };
+    let request = ClusterSample { rows: 8, window: WindowSpec::last(2), columns: vec![], random_start: false };
     let mut keys = Vec::new();
     for _ in 0..3 {
         keys = r.sample(&request).unwrap().keys;
@@ -220,7 +220,7 @@ fn the_endpoint_serves_every_documented_metric_and_counts_the_traffic() {
     r.update_priorities(&[(keys[0], 2.0)]).unwrap();
     let q = client(&server, "queue", Duration::from_millis(400));
     q.insert(WriteTarget::Shard(0), vec![trajectory(7, 1), trajectory(8, 1)], 0).unwrap();
-    let one = ClusterSample { rows: 1, window: WindowSpec::last(1), columns: vec![] };
+    let one = ClusterSample { rows: 1, window: WindowSpec::last(1), columns: vec![], random_start: false };
     q.sample(&one).unwrap();
     q.sample(&one).unwrap();
     assert!(q.sample_shard(0, &one).is_err(), "the queue is empty");

@@ -55,7 +55,7 @@ fn a_shard_below_its_minimum_size_is_waited_for_then_left_out() {
     let min = RateLimiterConfig::min_size(3);
     let servers = [shard(0, 4, min), shard(1, 4, min), shard(2, 1, min)];
     let cluster = cluster(&servers);
-    let request = ClusterSample { rows: 60, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: 60, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let b = cluster.sample(&request).unwrap();
     assert_eq!(b.keys.len(), 60);
     assert!(lost_waiting(&b, 2), "shard 2 should have been left out after waiting: {:?}", b.lost);
@@ -75,7 +75,7 @@ fn samples_per_insert_stops_a_shard_until_it_gets_inserts() {
     let ratio = RateLimiterConfig::sample_to_insert_ratio(1.0, 2, 4.0).unwrap();
     let servers = [shard(0, 4, ratio), shard(1, 4, RateLimiterConfig::default())];
     let cluster = cluster(&servers);
-    let request = ClusterSample { rows: 2, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: 2, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let mut from_0 = 0;
     let mut blocked = false;
     for _ in 0..40 {

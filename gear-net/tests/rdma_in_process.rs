@@ -134,7 +134,7 @@ fn three_rdma_shards(call_timeout: Duration) -> (InProcessFabric, Vec<ServerHand
 /// one clean batch of it.
 fn one_clean_batch(cluster: &ClusterClient) -> (WindowSpec, ClusterSample) {
     let window = WindowSpec::last(3);
-    let request = ClusterSample { rows: 48, window, columns: vec![] };
+    let request = ClusterSample { rows: 48, window, columns: vec![], random_start: false };
     check_layout(&cluster.sample(&request).unwrap(), window, 48);
     (window, request)
 }
@@ -183,10 +183,11 @@ fn shards_of(batch: &ClusterBatch) -> Vec<u32> {
 fn auto_reads_every_row_over_in_process_rdma() {
     within(60, || {
         let (fabric, _servers, cluster, verbs) = three_rdma_shards(Duration::from_secs(10));
-        let first = ClusterSample { rows: 64, window: WindowSpec::last(4), columns: vec![] };
+        let first = ClusterSample { rows: 64, window: WindowSpec::last(4), columns: vec![], random_start: false };
         assert_eq!(cluster.data_plane_for(&first).unwrap(), Some(TransportKind::Rdma));
         for window in [WindowSpec::last(4), WindowSpec::first(3), WindowSpec { offset: 1, len: 5, pad: Pad::Tail }] {
-            let batch = cluster.sample(&ClusterSample { rows: 64, window, columns: vec![] }).unwrap();
+            let batch =
+                cluster.sample(&ClusterSample { rows: 64, window, columns: vec![], random_start: false }).unwrap();
             assert!(batch.lost.is_empty(), "{:?}", batch.lost);
             check_layout(&batch, window, 64);
             assert_eq!(shards_of(&batch), vec![0, 1, 2]);
@@ -204,7 +205,8 @@ fn auto_reads_every_row_over_in_process_rdma() {
             assert!(!verbs.queue_pairs_to(gid(s + 1)).is_empty(), "no queue pair to shard {s}");
         }
         // A subset of columns.
-        let request = ClusterSample { rows: 8, window: WindowSpec::last(2), columns: vec!["id".into()] };
+        let request =
+            ClusterSample { rows: 8, window: WindowSpec::last(2), columns: vec!["id".into()], random_start: false };
         let batch = cluster.sample(&request).unwrap();
         assert_eq!(batch.columns.len(), 1);
         assert_eq!(batch.columns[0].len(), 8 * 2 * 8);
@@ -221,7 +223,7 @@ fn rows_overwritten_during_rdma_reads_are_never_returned_torn() {
         let writers = recycling_writers(&tables, &stop);
         let (cluster, _verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let window = WindowSpec::last(4);
-        let request = ClusterSample { rows: 32, window, columns: vec![] };
+        let request = ClusterSample { rows: 32, window, columns: vec![], random_start: false };
         let (done, refused) = sample_through_churn(&cluster, &request, |batch| {
             assert!(batch.lost.is_empty(), "{:?}", batch.lost);
             for (r, id) in check_rows(batch, window, 32).into_iter().enumerate() {
@@ -297,7 +299,7 @@ fn a_shard_without_rdma_is_gathered_not_lost() {
         let servers = serve(&fabric, &tables, &[true, false, true]);
         let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let window = WindowSpec::last(4);
-        let request = ClusterSample { rows: 48, window, columns: vec![] };
+        let request = ClusterSample { rows: 48, window, columns: vec![], random_start: false };
         assert_eq!(cluster.data_plane_for(&request).unwrap(), Some(TransportKind::Rdma));
         let mut from_shard_1 = 0u64;
         let mut wasted = None;
@@ -371,7 +373,7 @@ fn a_shard_that_refuses_the_connect_is_gathered_and_the_queue_pairs_are_freed() 
         let servers = serve_configured(&fabric, &tables, &configs);
         let (cluster, verbs) = client(&fabric, &servers, Duration::from_secs(10));
         let window = WindowSpec::last(4);
-        let request = ClusterSample { rows: 48, window, columns: vec![] };
+        let request = ClusterSample { rows: 48, window, columns: vec![], random_start: false };
         for round in 0..4 {
             let batch = cluster.sample(&request).unwrap();
             assert!(batch.lost.is_empty(), "round {round}: {:?}", batch.lost);
@@ -397,7 +399,7 @@ fn a_batch_buffer_that_cannot_be_pinned_is_gathered_by_the_shards() {
         // of 48 rows of 4 steps needs 6.4 KiB, one of 256 rows 34 KiB.
         verbs.set_memlock_limit(Some(16 << 10));
         let window = WindowSpec::last(4);
-        let large = ClusterSample { rows: 256, window, columns: vec![] };
+        let large = ClusterSample { rows: 256, window, columns: vec![], random_start: false };
         for round in 0..3 {
             let batch = cluster.sample(&large).unwrap();
             assert!(batch.lost.is_empty(), "round {round}: {:?}", batch.lost);
@@ -406,7 +408,7 @@ fn a_batch_buffer_that_cannot_be_pinned_is_gathered_by_the_shards() {
         }
         assert_eq!(cluster.data_plane_for(&large).unwrap(), None, "the shards gather what cannot be pinned");
         // A batch whose buffer fits is read over RDMA.
-        let small = ClusterSample { rows: 48, window, columns: vec![] };
+        let small = ClusterSample { rows: 48, window, columns: vec![], random_start: false };
         assert_eq!(cluster.data_plane_for(&small).unwrap(), Some(TransportKind::Rdma));
         fabric.clear_posted_chains();
         let batch = cluster.sample(&small).unwrap();
@@ -430,7 +432,7 @@ fn sampling_keeps_a_connection_alive_and_an_idle_one_makes_room() {
         let (b, _) = client_on(&fabric, &servers, Duration::from_secs(10), 202);
         let (c, _) = client_on(&fabric, &servers, Duration::from_secs(10), 203);
         let window = WindowSpec::last(3);
-        let request = ClusterSample { rows: 24, window, columns: vec![] };
+        let request = ClusterSample { rows: 24, window, columns: vec![], random_start: false };
         let clean = |who: &str, cluster: &ClusterClient| {
             let batch = cluster.sample(&request).unwrap();
             assert!(batch.lost.is_empty(), "{who}: {:?}", batch.lost);

@@ -175,7 +175,7 @@ fn sample_into_allocates_none_of_the_batch_and_a_fixed_number_of_small_buffers()
         let mut config = ClusterConfig::new(addresses, TOKEN);
         config.call_timeout = Duration::from_secs(10);
         let cluster = AsyncClusterClient::new(config).unwrap();
-        let request = ClusterSample { rows: ROWS, window: WindowSpec::last(4), columns: vec![] };
+        let request = ClusterSample { rows: ROWS, window: WindowSpec::last(4), columns: vec![], random_start: false };
         let sizes = cluster.column_bytes(&request).await.unwrap();
         let mut columns: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0; n]).collect();
         let mut views: Vec<&mut [u8]> = columns.iter_mut().map(Vec::as_mut_slice).collect();

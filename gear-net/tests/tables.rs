@@ -91,7 +91,7 @@ fn a_prioritized_table_and_a_queue_keep_their_own_distribution_and_order() {
 
     // The queue: every item once, in insertion order, whole.
     let window = WindowSpec::first(MAX_LEN);
-    let request = ClusterSample { rows: 5, window, columns: vec![] };
+    let request = ClusterSample { rows: 5, window, columns: vec![], random_start: false };
     let mut order = Vec::new();
     for _ in 0..4 {
         let batch = queue.sample(&request).unwrap();
@@ -104,7 +104,7 @@ fn a_prioritized_table_and_a_queue_keep_their_own_distribution_and_order() {
     // The prioritized table: untouched by the queue's draws, and its rows
     // drawn with probability id / 36 (alpha 1), weights (p_min / p)^1.
     assert_eq!(replay_table.info().unwrap().samples, 0);
-    let request = ClusterSample { rows: 32, window: WindowSpec::last(2), columns: vec![] };
+    let request = ClusterSample { rows: 32, window: WindowSpec::last(2), columns: vec![], random_start: false };
     let mut counts = [0u64; 9];
     let (mut replay_keys, mut replay_ids) = (Vec::new(), Vec::new());
     for _ in 0..200 {
@@ -135,7 +135,8 @@ fn a_prioritized_table_and_a_queue_keep_their_own_distribution_and_order() {
     // Keys go to their own table: a queue key given with the replay
     // table's name is stale there (another table's incarnation).
     queue.insert(WriteTarget::Shard(0), vec![trajectory(120, 1, None)], 0).unwrap();
-    let queue_key = queue.sample(&ClusterSample { rows: 1, window, columns: vec![] }).unwrap().keys[0];
+    let queue_key =
+        queue.sample(&ClusterSample { rows: 1, window, columns: vec![], random_start: false }).unwrap().keys[0];
     assert_ne!(queue_key.incarnation, replay_keys[0].incarnation, "each table has its own incarnation");
     let stale = replay.update_priorities(&[(queue_key, 50.0)]).unwrap();
     assert_eq!((stale.applied, stale.stale), (0, 1), "another table's key is stale");
@@ -163,7 +164,7 @@ fn unknown_or_missing_table_names_are_refused_with_the_list() {
         let c = client(&server, name);
         listed(&c.info(0).unwrap_err(), code);
         listed(&c.spec(0).unwrap_err(), code);
-        let request = ClusterSample { rows: 2, window: WindowSpec::last(2), columns: vec![] };
+        let request = ClusterSample { rows: 2, window: WindowSpec::last(2), columns: vec![], random_start: false };
         listed(&c.sample(&request).unwrap_err(), code);
         listed(&c.sample_shard(0, &request).unwrap_err(), code);
         match c.insert(WriteTarget::Shard(0), vec![trajectory(9, 2, None)], 0).unwrap_err() {
@@ -240,7 +241,8 @@ fn byte_range_reads_reach_the_named_table_region() {
         config.data_plane = DataPlane::ByteRangeTcp;
         let cluster = ClusterClient::new(config).unwrap();
         for window in [WindowSpec::last(3), WindowSpec { offset: 1, len: 2, pad: Pad::Tail }] {
-            let batch = cluster.sample(&ClusterSample { rows: 48, window, columns: vec![] }).unwrap();
+            let batch =
+                cluster.sample(&ClusterSample { rows: 48, window, columns: vec![], random_start: false }).unwrap();
             assert!(batch.lost.is_empty(), "{:?}", batch.lost);
             for id in check_rows(&batch, window, 48).into_iter().flatten() {
                 assert!(ids.contains(&id), "table `{name}`: a row of id {id} came from another table's region");

@@ -120,7 +120,8 @@ fn a_shard_replying_other_shapes_than_the_spec_is_malformed_not_a_panic() {
         config.call_timeout = Duration::from_secs(10);
         let client = ClusterClient::new(config).unwrap();
         // 64 rows over two equal shards: both get some (all but 2^-63).
-        let request = ClusterSample { rows: 64, window: WindowSpec::first(1), columns: Vec::new() };
+        let request =
+            ClusterSample { rows: 64, window: WindowSpec::first(1), columns: Vec::new(), random_start: false };
         for _ in 0..5 {
             match client.sample(&request) {
                 Err(Error::Malformed { shard: 1, what }) => {

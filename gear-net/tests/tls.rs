@@ -78,7 +78,7 @@ fn one() -> Vec<RemoteTrajectory> {
 }
 
 fn request() -> ClusterSample {
-    ClusterSample { rows: 4, window: WindowSpec::last(1), columns: vec![] }
+    ClusterSample { rows: 4, window: WindowSpec::last(1), columns: vec![], random_start: false }
 }
 
 #[test]

@@ -108,7 +108,7 @@ fn lowered_between_batches(data_plane: DataPlane) {
     let trainer = client(&servers, 11, data_plane);
     let other = client(&servers, 12, DataPlane::ShardGather);
     let mut priorities: HashMap<RemoteKey, f64> = fill(&other).into_iter().map(|k| (k, 1.0)).collect();
-    let request = ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let mut rng = Xoshiro256::seed_from_u64(5);
     // What the trainer's last replies reported: each shard's total just
     // after its draw (nothing changed priorities since the fill).
@@ -190,7 +190,7 @@ fn weights_stay_at_most_one_under_concurrent_priority_updates() {
             calls
         })
     };
-    let request = ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: ROWS, window: WindowSpec::last(1), columns: vec![], random_start: false };
     for _ in 0..150 {
         check_weights(&trainer.sample(&request).unwrap());
     }

@@ -50,7 +50,7 @@ fn trajectory(id: i64, steps: u64) -> RemoteTrajectory {
 
 /// Every id shard `s` holds, by sampling it many times.
 fn ids_on(cluster: &ClusterClient, s: usize) -> HashSet<i64> {
-    let request = ClusterSample { rows: 64, window: WindowSpec::last(1), columns: vec![] };
+    let request = ClusterSample { rows: 64, window: WindowSpec::last(1), columns: vec![], random_start: false };
     let mut ids = HashSet::new();
     for _ in 0..8 {
         let b = cluster.sample_shard(s, &request).unwrap();
@@ -160,7 +160,7 @@ fn a_streamed_trajectory_commits_at_its_end_even_after_longer_than_the_call_dead
     }
     let key = key.expect("the shard confirmed the trajectory");
     assert_eq!(key.shard, 0);
-    let request = ClusterSample { rows: 4, window: WindowSpec::first(MAX_LEN), columns: vec![] };
+    let request = ClusterSample { rows: 4, window: WindowSpec::first(MAX_LEN), columns: vec![], random_start: false };
     let b = cluster.sample_shard(0, &request).unwrap();
     let ids: Vec<i64> = b.columns[0][..32].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(ids, vec![70, 71, 72, 73]);

@@ -279,10 +279,9 @@ class GearSource:
     def __init__(self, sampler: Any, update: Any) -> None:
         import torch
 
-        self.samplers = sampler if isinstance(sampler, list) else [sampler]
-        self.rng = np.random.default_rng(0)
+        self.sampler = sampler
         self.update_fn = update
-        spec = self.samplers[0].output_spec()
+        spec = sampler.output_spec()
         self.ring = [{c: torch.empty(shape, dtype=getattr(torch, dt)) for c, (dt, shape) in spec.items()}
                      for _ in range(3)]
         self.next_slot = 0
@@ -292,8 +291,7 @@ class GearSource:
 
         out = self.ring[self.next_slot]
         self.next_slot = (self.next_slot + 1) % 3
-        sampler = self.samplers[self.rng.integers(len(self.samplers))] if len(self.samplers) > 1 else self.samplers[0]
-        b = sampler.sample_into(out)
+        b = self.sampler.sample_into(out)
         return dict(out, weights=torch.from_numpy(b.weights)), b.keys
 
     def update(self, keys: Any, priorities: np.ndarray) -> None:
@@ -381,13 +379,9 @@ class GearCluster:
         return self.cluster
 
     def source(self, batch: int) -> "GearSource":
-        # The shards' Sample call has no per-row random start yet: each
-        # batch takes one of 16 samplers whose windows start at evenly
-        # spread offsets, chosen at random.
-        L = self.spec.window
-        offsets = sorted({round(i * (EPISODE - L) / 15) for i in range(16)})
-        samplers = [self.cluster.sampler(batch, L, offset=o, timeout=60.0) for o in offsets]
-        return GearSource(samplers, self.cluster.update_priorities)
+        # Each row's window starts at a random step, drawn by its shard.
+        sampler = self.cluster.sampler(batch, self.spec.window, random_start=True, timeout=60.0)
+        return GearSource(sampler, self.cluster.update_priorities)
 
     def close(self) -> None:
         for p in self.procs:

@@ -469,17 +469,46 @@ except KeyboardInterrupt:
     assert float(out.stdout.split()[1]) < 2.0
 
 
-def test_random_start_and_fifo_shards_are_refused_clearly(local_cluster):
+def test_fifo_shards_and_overlong_windows_are_refused_clearly(local_cluster):
     lc = local_cluster(sampler="fifo")
     cluster = gear.Cluster(lc.addrs, TOKEN)
     with pytest.raises(gear.SpecError, match="fifo"):
         cluster.sampler(4, window=2)
     lc2 = local_cluster(shards=1)
     cluster2 = gear.Cluster(lc2.addrs, TOKEN)
-    with pytest.raises(gear.SpecError, match="random_start"):
-        cluster2.sampler(4, window=2, random_start=True)
     with pytest.raises(gear.SpecError, match="window length"):
         cluster2.sampler(4, window=MAX_LEN + 1)
+    with pytest.raises(gear.SpecError, match="window length"):
+        cluster2.sampler(4, window=MAX_LEN + 1, random_start=True)
+
+
+def test_random_start_rows_are_whole_windows_starting_anywhere(local_cluster):
+    # R2D2-style sequences across the shards: each row is `window` steps
+    # of one trajectory from a random step, never padded while the
+    # trajectory is long enough, and every start of a full window occurs.
+    lc = local_cluster()
+    cluster = gear.Cluster(lc.addrs, TOKEN)
+    for tid in range(9):
+        write(cluster, tid, MAX_LEN)
+    write(cluster, 100, 3)  # shorter than the window: all its steps, padded
+    window = 5
+    sampler = cluster.sampler(64, window=window, random_start=True)
+    starts = set()
+    for _ in range(10):
+        batch = sampler.sample()
+        check_rows(batch)
+        for r in range(64):
+            tid = int(batch["id"][r, np.flatnonzero(batch.mask[r])[0]])
+            if tid == 100:
+                assert int(batch.lengths[r]) == 3 and int(batch.starts[r]) == 0
+                continue
+            assert int(batch.lengths[r]) == window and batch.mask[r].all()
+            assert 0 <= int(batch.starts[r]) <= MAX_LEN - window
+            starts.add(int(batch.starts[r]))
+    assert starts == set(range(MAX_LEN - window + 1)), sorted(starts)
+    # The offset is not used with random starts, as for a local table.
+    batch = cluster.sampler(64, window=window, offset=0, random_start=True).sample()
+    assert len(set(batch.starts.tolist())) > 1
 
 
 def test_an_insert_that_fails_part_way_lists_what_was_committed(local_cluster):

@@ -23,7 +23,7 @@ use gear_core::{MemoryRegion, ResolvedWindow, SlotKey, WindowSpec};
 
 use super::ReplayTable;
 use crate::error::{Error, Result};
-use crate::sampler::MAX_BATCH_ROWS;
+use crate::sampler::{RandomStarts, MAX_BATCH_ROWS};
 
 /// One drawn row: its key, probability and weight as a gathered sample
 /// reports them, and where its bytes are in the region.
@@ -154,11 +154,15 @@ impl ReplayTable {
     /// gathered batch) and returns where their windows are, without
     /// copying a byte. The reader must re-check each row's generation after
     /// copying (module docs). Rows retired by `max_times_sampled` are freed
-    /// at once: a reader that finds one reused draws again.
+    /// at once: a reader that finds one reused draws again. With
+    /// `random_start`, each row's window starts at a uniformly random step
+    /// of its trajectory as [`crate::SampleConfig::random_start`] says
+    /// (`window.offset` is not used).
     pub fn draw_ranges(
         &self,
         rows: usize,
         window: WindowSpec,
+        random_start: bool,
         columns: &[usize],
         timeout: Option<Duration>,
     ) -> Result<Vec<RowRanges>> {
@@ -175,11 +179,14 @@ impl ReplayTable {
         let deadline = timeout.map(|t| Instant::now() + t);
         self.select(rows, deadline, true, &mut selection, &mut drawn)?;
         self.retire(&selection.retiring);
+        let mut random_starts = random_start.then(|| RandomStarts::new(selection.seed));
+        let window = if random_start { RandomStarts::window(window) } else { window };
         drawn
             .iter()
             .map(|d| {
                 let trajectory = d.trajectory(self.shared.items_per_slot);
-                let (window, columns) = self.window_ranges(trajectory.slot, d.start, d.len, &window, columns)?;
+                let len = random_starts.as_mut().map_or(d.len, |starts| starts.cut(d.len, window.len));
+                let (window, columns) = self.window_ranges(trajectory.slot, d.start, len, &window, columns)?;
                 Ok(RowRanges {
                     key: d.sampled.key,
                     generation: trajectory.generation,
@@ -212,7 +219,7 @@ mod tests {
         t.append_column(0, 5, crate::StepValue::bytes(&[7u8; 15])).unwrap();
         t.append_column(1, 5, crate::StepValue::bytes(&[9u8; 10])).unwrap();
         let key = t.end().unwrap();
-        let rows = table.draw_ranges(4, WindowSpec::last(3), &[1, 0], None).unwrap();
+        let rows = table.draw_ranges(4, WindowSpec::last(3), false, &[1, 0], None).unwrap();
         let memory = table.memory();
         let base = memory.host_ptr().unwrap().as_ptr();
         for row in rows {

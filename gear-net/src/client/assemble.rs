@@ -387,6 +387,7 @@ mod tests {
             rows: 2,
             window: WindowSpec::first(len),
             columns: columns.iter().map(|c| c.to_string()).collect(),
+            random_start: false,
         };
         assert_eq!(row_bytes(&spec, &request(&[], 4)), Some(vec![48, 4]));
         assert_eq!(row_bytes(&spec, &request(&["act", "obs"], 2)), Some(vec![2, 24]));

@@ -99,7 +99,7 @@ pub(crate) struct ClientCore {
 /// # async fn trainer() -> gear_net::Result<()> {
 /// let config = ClusterConfig::new(vec!["node0:50051".into(), "node1:50051".into()], "a-cluster-token-0123");
 /// let cluster = AsyncClusterClient::new(config)?;
-/// let request = ClusterSample { rows: 256, window: WindowSpec::last(1), columns: vec![] };
+/// let request = ClusterSample { rows: 256, window: WindowSpec::last(1), columns: vec![], random_start: false  };
 /// // Buffers the trainer owns (pinned memory, say), reused every batch.
 /// let sizes = cluster.column_bytes(&request).await?;
 /// let mut columns: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0; n]).collect();

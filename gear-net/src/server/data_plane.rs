@@ -205,8 +205,10 @@ impl ShardService {
         let (window, columns) = crate::convert::sample_shape(spec, &req)?;
         let timeout = Some(Duration::from_millis(req.timeout_ms.clamp(1, 600_000)));
         let table = served.table.clone();
-        let rows = req.rows as usize;
-        let drawn = blocking(move || table.draw_ranges(rows, window, &columns, timeout).map_err(table_status)).await?;
+        let (rows, random_start) = (req.rows as usize, req.random_start);
+        let drawn =
+            blocking(move || table.draw_ranges(rows, window, random_start, &columns, timeout).map_err(table_status))
+                .await?;
         let (size, total_mass, min_mass) = table_masses(&served.table)?;
         let (shard, incarnation) = (self.shard, served.incarnation);
         Ok(Response::new(SampleReply {

@@ -22,7 +22,7 @@ use crate::error::{Error, PartialInsertError, Result};
 use crate::wait;
 use gear_core::TableSpec;
 use gear_net::cluster_file::ClusterFile;
-use gear_net::{ClusterClient, ClusterConfig, DataPlane, RdmaSettings, WriteTarget};
+use gear_net::{ClusterClient, ClusterConfig, ClusterSample, DataPlane, RdmaSettings, WriteTarget};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::{Arc, Mutex};
@@ -455,15 +455,11 @@ impl Cluster {
         timeout: Option<f64>,
         random_start: bool,
     ) -> PyResult<ClusterSampler> {
-        if random_start {
-            return Err(Error::Spec(
-                "random_start is not supported across a cluster: the shards' Sample call has no random start".into(),
-            )
-            .into());
-        }
         let spec = self.spec(py)?;
         let window = crate::table::window_spec(spec.spec.max_len(), window, offset, pad)?;
-        Ok(ClusterSampler::new(py, self, &spec, batch_size, window, columns, wait::seconds(timeout, "timeout")?)?)
+        let request =
+            ClusterSample { rows: batch_size as u64, window, columns: columns.unwrap_or_default(), random_start };
+        Ok(ClusterSampler::new(py, self, &spec, request, wait::seconds(timeout, "timeout")?)?)
     }
 
     /// A writer for remote actors. `target`: `"round_robin"` (the next

@@ -8,7 +8,7 @@ use crate::batch::{
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::wait;
-use gear_core::{Pad, WindowSpec};
+use gear_core::Pad;
 use gear_net::{BatchRows, ClusterBatch, ClusterClient, ClusterSample};
 use numpy::PyArrayDescr;
 use pyo3::prelude::*;
@@ -41,13 +41,12 @@ pub struct ClusterSampler {
 }
 
 impl ClusterSampler {
+    /// A sampler of `request` (its `columns` empty: every column).
     pub(super) fn new(
         py: Python<'_>,
         cluster: &Cluster,
         spec: &ClusterSpec,
-        batch_size: usize,
-        window: WindowSpec,
-        columns: Option<Vec<String>>,
+        mut request: ClusterSample,
         timeout: Option<Duration>,
     ) -> Result<Self> {
         if spec.sampler != "uniform" && spec.sampler != "prioritized" {
@@ -56,12 +55,16 @@ impl ClusterSampler {
                 spec.sampler
             )));
         }
+        let (batch_size, window) = (request.rows as usize, request.window);
         if batch_size == 0 {
             return Err(Error::Spec("batch_size must be at least 1".into()));
         }
-        let names = columns.unwrap_or_else(|| batch::names(&spec.infos));
+        if request.columns.is_empty() {
+            request.columns = batch::names(&spec.infos);
+        }
+        let names = &request.columns;
         let mut infos = Vec::with_capacity(names.len());
-        for name in &names {
+        for name in names {
             let info = spec.infos.iter().find(|c| &c.name == name).ok_or_else(|| {
                 Error::Spec(format!("unknown column `{name}`; the table has {:?}", batch::names(&spec.infos)))
             })?;
@@ -76,7 +79,7 @@ impl ClusterSampler {
         }
         Ok(ClusterSampler {
             client: cluster.client().clone(),
-            request: ClusterSample { rows: batch_size as u64, window, columns: names },
+            request,
             timeout,
             infos: infos.into(),
             descrs,

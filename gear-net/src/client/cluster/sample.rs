@@ -44,6 +44,7 @@ pub(crate) fn sample_request(
         ranges: false,
         incarnation: incarnation.unwrap_or(0),
         data_plane_session: 0,
+        random_start: request.random_start,
     }
 }
 
