@@ -40,14 +40,17 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 SYSTEMS = ["gear-local", "gear-cluster", "reverb", "torchrl", "cpprb"]
-OPTIONAL = ["reverb-client"]
+OPTIONAL = ["reverb-client", "gear-items"]
 """Run only when named: Reverb read with ``Client.sample`` (its docstring
-says not to train with it; the default "reverb" reads a TrajectoryDataset)."""
+says not to train with it; the default "reverb" reads a TrajectoryDataset);
+GEAR with R2D2-style per-window priorities (items: a window of L steps every
+L/2 steps, as Reverb's items here), for issue 28's sequence comparison."""
 
 # System -> (venv, packages, import check). Torch comes from the shared venv.
 VENVS: Dict[str, Tuple[str, List[str], str]] = {
     "gear-local": ("gear-venv", ["maturin>=1.5,<2", "numpy>=1.22"], "import numpy, maturin"),
     "gear-cluster": ("gear-venv", ["maturin>=1.5,<2", "numpy>=1.22"], "import numpy, maturin"),
+    "gear-items": ("gear-venv", ["maturin>=1.5,<2", "numpy>=1.22"], "import numpy, maturin"),
     "reverb": ("reverb-venv", ["dm-reverb[tensorflow]==0.14.0"], "import reverb, tensorflow"),
     "reverb-client": ("reverb-venv", ["dm-reverb[tensorflow]==0.14.0"], "import reverb, tensorflow"),
     "torchrl": ("torchrl-venv", ["torchrl"], "import torchrl, tensordict"),
@@ -189,13 +192,13 @@ def table(summary: Dict[Tuple[str, int, int, str], dict], systems: Sequence[str]
           "consumed/s; wait: the share of the learner's time spent waiting for its next batch; update: the share "
           "spent updating priorities; actors: steps inserted/s by all actors; CPU: CPU seconds per learner step "
           "across every process of the run (learner / actors / servers, shares of one core); x GEAR: GEAR "
-          "local's steps/s over this system's.\n\n"
+          "local's steps/s over this system's (gear-items' where gear-local did not run).\n\n"
           "| model | L | batch | system | steps/s | windows/s | wait | update | actors steps/s | CPU s/step "
           "(learner / actors / server cores) | x GEAR |\n"
           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
     keys = sorted({k[:3] for k in summary}, key=lambda k: ("0SM".index(k[0]), k[1], k[2]))
     for model, window, batch in keys:
-        ref = summary.get((model, window, batch, "gear-local"))
+        ref = summary.get((model, window, batch, "gear-local")) or summary.get((model, window, batch, "gear-items"))
         for s in systems:
             m = summary.get((model, window, batch, s))
             if m is None:
@@ -213,7 +216,7 @@ def table(summary: Dict[Tuple[str, int, int, str], dict], systems: Sequence[str]
 
 
 COLORS = {"gear-local": "#d62728", "gear-cluster": "#ff7f0e", "reverb": "#1f77b4", "torchrl": "#2ca02c",
-          "cpprb": "#9467bd", "reverb-client": "#17becf"}
+          "cpprb": "#9467bd", "reverb-client": "#17becf", "gear-items": "#8c564b"}
 
 
 def chart(summary: Dict[Tuple[str, int, int, str], dict], systems: Sequence[str], batch: int) -> str:

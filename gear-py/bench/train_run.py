@@ -271,6 +271,33 @@ class GearLocal:
         self.table.close()
 
 
+class GearItems(GearLocal):
+    """R2D2-style per-window priorities (``gear-items``): the same shared
+    table, whose items are the windows of L steps every L/2 steps of each
+    episode (``ItemPattern.windows``; the episode stored once, windows
+    overlapping), each with its own priority, sampled from their first
+    step; the limiter counts items, with Reverb's per-item settings."""
+
+    def __init__(self, spec: Spec) -> None:
+        import gear
+
+        self.gear = gear
+        self.spec = spec
+        self.name = f"gear-train-bench-{os.getpid()}-{secrets.token_hex(4)}"
+        period, per_episode = reverb_items_per_episode(spec)
+        pattern = gear.ItemPattern.windows(spec.window, period, tail=False)
+        self.table = gear.Table(
+            gear_columns(spec), max_len=EPISODE, capacity=spec.capacity, sampler="prioritized",
+            rate_limiter=gear.RateLimiter.sample_to_insert_ratio(
+                spec.spi / per_episode, spec.min_episodes * per_episode, spec.error_buffer),
+            items_per_trajectory=pattern.count(EPISODE), item_pattern=pattern, name=self.name)
+        self.roles: Dict[int, str] = {}
+
+    def source(self, batch: int) -> "GearSource":
+        return GearSource(self.table.sampler(batch, self.spec.window, offset=0, timeout=60.0),
+                          self.table.update_priorities)
+
+
 class GearSource:
     """Batches gathered into a ring of three preallocated tensor sets (one
     being filled, one queued, one training: the prefetch thread never
@@ -928,9 +955,11 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
     }
 
 
-SYSTEMS: Dict[str, Any] = {"gear-local": GearLocal, "gear-cluster": GearCluster, "reverb": Reverb,
+SYSTEMS: Dict[str, Any] = {"gear-local": GearLocal, "gear-items": GearItems, "gear-cluster": GearCluster,
+                           "reverb": Reverb,
                            "reverb-client": ReverbClient, "torchrl": TorchRL, "cpprb": Cpprb}
-SINKS: Dict[str, Any] = {"gear-local": GearSink, "gear-cluster": GearClusterSink, "reverb": ReverbSink,
+SINKS: Dict[str, Any] = {"gear-local": GearSink, "gear-items": GearSink, "gear-cluster": GearClusterSink,
+                         "reverb": ReverbSink,
                          "reverb-client": ReverbSink, "torchrl": TorchRLSink, "cpprb": CpprbSink}
 
 
