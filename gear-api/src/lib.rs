@@ -53,7 +53,7 @@ pub use table::{
     latest_checkpoint, shared_tables, AttachOptions, CheckpointReport, CommittedTrajectory, NewItem, PoolConfig,
     ReplayTable, SlotCounts, StoredItem, TableBuilder, TableInfo, WaitStats, Waiting,
 };
-pub use transitions::{Observations, TransitionConfig, TransitionSampler, Transitions};
+pub use transitions::{FrameView, Observations, TransitionBatch, TransitionConfig, TransitionSampler, Transitions};
 pub use writer::{ColumnId, StepValue, Trajectory, Writer};
 
 pub use gear_core;

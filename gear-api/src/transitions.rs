@@ -24,7 +24,8 @@ use crate::error::{Error, Result};
 use crate::sampler::{row_metadata, BatchMeta, ColumnBatch, Draws, Gather, SampleConfig};
 use crate::table::ReplayTable;
 use gear_core::{DType, WindowSpec};
-use gear_cpu::{FrameView, TransitionBatch, TransitionCollector, TransitionColumns, TransitionLayout, TransitionRule};
+pub use gear_cpu::{FrameView, TransitionBatch};
+use gear_cpu::{TransitionCollector, TransitionColumns, TransitionLayout, TransitionRule};
 use std::time::Duration;
 
 /// What a [`TransitionSampler`] draws and how transitions are made.
@@ -117,7 +118,10 @@ pub struct TransitionSampler {
     table: ReplayTable,
     draws: Draws,
     collector: TransitionCollector,
-    batch: TransitionBatch,
+    /// The batch [`TransitionSampler::sample`] fills, allocated by its
+    /// first call: a sampler used only through
+    /// [`TransitionSampler::sample_into`] never holds one of its own.
+    batch: Option<TransitionBatch>,
     meta: BatchMeta,
     /// Per observation column: name, dtype, per-step shape.
     observations: Vec<(String, DType, Vec<u64>)>,
@@ -165,7 +169,6 @@ impl TransitionSampler {
             random_start: false,
         };
         let (draws, meta) = Draws::new(&table, &sample)?;
-        let batch = TransitionBatch::new(&layout)?;
         let describe = |cs: &[usize]| {
             cs.iter()
                 .map(|&c| {
@@ -180,7 +183,7 @@ impl TransitionSampler {
             table,
             draws,
             collector: TransitionCollector::new(layout),
-            batch,
+            batch: None,
             meta,
         })
     }
@@ -190,15 +193,46 @@ impl TransitionSampler {
     /// samplers back; rows whose trajectory was evicted and overwritten
     /// during the copy are redrawn.
     pub fn sample(&mut self) -> Result<Transitions<'_>> {
+        // Before drawing: a batch that cannot be allocated must not count
+        // samples or retire rows.
+        let mut batch = match self.batch.take() {
+            Some(b) => b,
+            None => TransitionBatch::new(self.collector.layout())?,
+        };
+        let drawn = self.draw(&mut batch);
+        let batch = self.batch.insert(batch);
+        drawn?;
+        Ok(Transitions { batch, meta: &self.meta, observations: &self.observations, step_columns: &self.step_columns })
+    }
+
+    /// A zeroed batch of this sampler's layout, for
+    /// [`TransitionSampler::sample_into`].
+    pub fn new_batch(&self) -> Result<TransitionBatch> {
+        Ok(TransitionBatch::new(self.collector.layout())?)
+    }
+
+    /// [`TransitionSampler::sample`] into `batch`, a batch the caller owns
+    /// (from [`TransitionSampler::new_batch`]): bindings keep a pool of
+    /// them, so a batch handed out stays valid while later ones are drawn
+    /// and nothing is copied out of the sampler. Everything the returned
+    /// [`Transitions`] shows is written by this call, whatever `batch` held.
+    /// A batch made for another layout is refused before anything is
+    /// drawn.
+    pub fn sample_into<'a>(&'a mut self, batch: &'a mut TransitionBatch) -> Result<Transitions<'a>> {
+        if batch.layout() != self.collector.layout() {
+            return Err(Error::Config(
+                "the transition batch was made for another layout than this sampler's (use new_batch)".into(),
+            ));
+        }
+        self.draw(batch)?;
+        Ok(Transitions { batch, meta: &self.meta, observations: &self.observations, step_columns: &self.step_columns })
+    }
+
+    /// The draw -> gather -> validate -> redraw protocol, into `batch`.
+    fn draw(&mut self, batch: &mut TransitionBatch) -> Result<()> {
         let sh = &*self.table.shared;
-        let mut copy = Gather { collector: &self.collector, view: sh.region.view(), batch: &mut self.batch };
-        self.draws.sample(&self.table, &mut copy, &mut self.meta)?;
-        Ok(Transitions {
-            batch: &self.batch,
-            meta: &self.meta,
-            observations: &self.observations,
-            step_columns: &self.step_columns,
-        })
+        let mut copy = Gather { collector: &self.collector, view: sh.region.view(), batch };
+        self.draws.sample(&self.table, &mut copy, &mut self.meta)
     }
 
     /// The table this sampler draws from.

@@ -5,7 +5,7 @@
 //! observations as views of the frames gathered once, or in a buffer of
 //! their own when they would overlap.
 
-use gear_api::{ItemPattern, ReplayTable, StepValue, TransitionConfig};
+use gear_api::{ItemPattern, ReplayTable, StepValue, TransitionBatch, TransitionConfig};
 use gear_core::{ColumnSpec, DType, SlotKey, TableSpec};
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::collections::HashMap;
@@ -217,4 +217,55 @@ fn bad_configurations_are_refused_by_name() {
     let table = ReplayTable::builder(plain).build().unwrap();
     let e = table.transition_sampler(TransitionConfig::new(1, "obs", "obs", "obs")).unwrap_err();
     assert!(e.to_string().contains("has no items"), "{e}");
+}
+
+#[test]
+fn batches_the_caller_owns_keep_their_rows_while_later_ones_are_drawn() {
+    // n < k: some batches keep their next observations apart.
+    let (k, n, gamma) = (4, 2, 0.9);
+    let table =
+        ReplayTable::builder(spec(16, 8)).item_pattern(ItemPattern::Transitions { n_step: n }).seed(7).build().unwrap();
+    let episodes = episodes();
+    let mut items: HashMap<SlotKey, (usize, u64, u64)> = HashMap::new();
+    for (e, ep) in episodes.iter().enumerate() {
+        for it in table.items_of(write(&table, ep)).unwrap() {
+            items.insert(it.key, (e, it.start, it.len));
+        }
+    }
+    let config =
+        TransitionConfig::new(16, "obs", "action", "reward").done("done").frame_stack(k).n_step(n).gamma(gamma);
+    let mut sampler = table.transition_sampler(config.clone()).unwrap();
+    let mut kept: Vec<(TransitionBatch, Vec<SlotKey>)> = Vec::new();
+    for _ in 0..8 {
+        let mut batch = sampler.new_batch().unwrap();
+        let keys = sampler.sample_into(&mut batch).unwrap().keys().to_vec();
+        kept.push((batch, keys));
+    }
+    assert!(kept.iter().any(|(b, _)| b.next_is_separate()), "some batch must have used the separate buffer");
+    // Every batch still holds its own rows after the later ones were drawn.
+    for (b, keys) in &kept {
+        let (obs, next) = (b.observation(0), b.next_observation(0));
+        for (r, key) in keys.iter().enumerate() {
+            let (e, t, len) = items[key];
+            let want = expected(&episodes[e], t, len, k, n, gamma);
+            assert_eq!(obs.row(r), &want.obs[..], "episode {e} t {t}: obs");
+            assert_eq!(next.row(r), &want.next[..], "episode {e} t {t}: next_obs");
+            assert!((b.rewards()[r] - want.reward).abs() < 1e-4);
+            assert_eq!((b.dones()[r], b.n_steps()[r]), (want.done, want.m));
+        }
+    }
+    // A reused batch is rewritten whole; one of another layout is refused
+    // before anything is drawn.
+    let (mut reused, _) = kept.pop().unwrap();
+    let keys = sampler.sample_into(&mut reused).unwrap().keys().to_vec();
+    for (r, key) in keys.iter().enumerate() {
+        let (e, t, len) = items[key];
+        assert_eq!(reused.next_observation(0).row(r), &expected(&episodes[e], t, len, k, n, gamma).next[..]);
+    }
+    let mut other = table.transition_sampler(config.frame_stack(2)).unwrap().new_batch().unwrap();
+    let samples = table.info().unwrap().samples;
+    assert!(samples > 0);
+    let err = sampler.sample_into(&mut other).unwrap_err();
+    assert!(err.to_string().contains("another layout"), "{err}");
+    assert_eq!(table.info().unwrap().samples, samples, "a refused batch draws nothing");
 }

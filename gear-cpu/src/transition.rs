@@ -316,6 +316,30 @@ impl TransitionBatch {
         self.columns[j].as_slice()
     }
 
+    /// [`TransitionBatch::frames`], writable: for bindings that hand the
+    /// batch's memory out as writable arrays (the next gather overwrites
+    /// every byte of it). Panics if `i` is out of range.
+    pub fn frames_mut(&mut self, i: usize) -> &mut [u8] {
+        self.frames[i].as_mut_slice()
+    }
+
+    /// The buffer of their own that observation column `i`'s next
+    /// observations use in a batch where [`TransitionBatch::next_is_separate`],
+    /// `[rows, k, *shape]`, writable; `None` when the layout never needs one
+    /// (`n >= k`). Panics if `i` is out of range.
+    pub fn next_frames_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        if self.next.is_empty() {
+            return None;
+        }
+        Some(self.next[i].as_mut_slice())
+    }
+
+    /// [`TransitionBatch::column`], writable (see
+    /// [`TransitionBatch::frames_mut`]). Panics if `j` is out of range.
+    pub fn column_mut(&mut self, j: usize) -> &mut [u8] {
+        self.columns[j].as_mut_slice()
+    }
+
     /// Each row's discounted return.
     pub fn rewards(&self) -> &[f32] {
         &self.rewards

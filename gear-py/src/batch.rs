@@ -3,16 +3,19 @@
 //! Ownership rule: **each batch owns its buffer**. A [`BatchStorage`] is
 //! one allocation holding every column of one batch; the column arrays of
 //! a [`Batch`] are NumPy views over it whose base object keeps it alive,
-//! and DLPack exports hold it through their deleter. A sampler reuses a
-//! buffer only once nothing references it any more (its `Arc` is unique),
-//! so a view can never see a later batch's data: keeping a batch, an array
-//! or a tensor simply makes the sampler allocate another buffer.
+//! and DLPack exports hold it through their deleter (a transition batch's
+//! arrays are strided views over its [`TransitionBatch`] the same way). A
+//! sampler reuses a buffer ([`BufferPool`]) only once nothing references
+//! it any more (its `Arc` is unique), so a view can never see a later
+//! batch's data: keeping a batch, an array or a tensor simply makes the
+//! sampler allocate another buffer.
 
 use crate::dlpack::{self, DlDevice};
 use crate::dtype;
 use crate::error::{Error, Result};
+use gear_api::TransitionBatch;
 use gear_core::{DType, Pad};
-use numpy::npyffi::{self, npy_intp, NPY_ARRAY_CARRAY, PY_ARRAY_API};
+use numpy::npyffi::{self, npy_intp, NPY_ARRAY_BEHAVED, NPY_ARRAY_CARRAY, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayMethods, PyUntypedArray};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -23,6 +26,41 @@ use std::sync::Arc;
 /// Alignment of every column inside a batch buffer (a cache line; also
 /// what SIMD loads of any dtype want).
 const COLUMN_ALIGN: usize = 64;
+
+/// Buffers a sampler keeps for reuse; batches still referenced beyond
+/// these get fresh buffers that are freed with them.
+const POOLED_BUFFERS: usize = 4;
+
+/// The buffers a sampler reuses (the ownership rule above): a batch's
+/// buffer is kept here after the batch is made, and handed out again only
+/// once nothing else references it (its `Arc` is unique).
+#[derive(Debug)]
+pub(crate) struct BufferPool<T> {
+    buffers: Vec<Arc<T>>,
+}
+
+impl<T> BufferPool<T> {
+    /// An empty pool.
+    pub(crate) fn new() -> Self {
+        BufferPool { buffers: Vec::new() }
+    }
+
+    /// A buffer nothing else references: one of the pool's, taken out, or
+    /// a new one from `make`.
+    pub(crate) fn take_or(&mut self, make: impl FnOnce() -> Result<T>) -> Result<Arc<T>> {
+        if let Some(i) = self.buffers.iter_mut().position(|b| Arc::get_mut(b).is_some()) {
+            return Ok(self.buffers.swap_remove(i));
+        }
+        Ok(Arc::new(make()?))
+    }
+
+    /// Keeps `buffer` for reuse, unless the pool is full.
+    pub(crate) fn keep(&mut self, buffer: Arc<T>) {
+        if self.buffers.len() < POOLED_BUFFERS {
+            self.buffers.push(buffer);
+        }
+    }
+}
 
 /// One batch's memory: every requested column, each aligned to 64 bytes,
 /// zero-initialised.
@@ -122,24 +160,33 @@ impl ReceivedColumns {
     }
 }
 
-/// The memory of one batch: a buffer of the sampler's pool, or the
-/// columns a cluster batch arrived in.
+/// The memory of one batch: a buffer of the sampler's pool, the columns a
+/// cluster batch arrived in, or a transition sampler's pooled batch.
 #[derive(Clone, Debug)]
 pub(crate) enum BatchMemory {
     /// One aligned allocation holding every column.
     Pooled(Arc<BatchStorage>),
     /// One allocation per column.
     Received(Arc<ReceivedColumns>),
+    /// A transition batch's buffers (frames, step columns, per-row
+    /// values): its arrays are strided views the transition sampler makes,
+    /// not one `[rows, window, *shape]` column each. `address` (of the
+    /// first observation column's frames) and `nbytes` (of the buffers the
+    /// arrays view) are taken when the batch is made: reading them later
+    /// through the batch would form references to memory NumPy may write.
+    Transitions { batch: Arc<TransitionBatch>, address: usize, nbytes: usize },
 }
 
 impl BatchMemory {
-    /// Start of column `i`.
-    pub(crate) fn column_ptr(&self, i: usize) -> *mut u8 {
+    /// Start of column `i`, `[rows, window, *shape]` (`None` for a
+    /// transition batch, which has no such columns).
+    pub(crate) fn column_ptr(&self, i: usize) -> Option<*mut u8> {
         match self {
-            BatchMemory::Pooled(s) => s.column_ptr(i),
+            BatchMemory::Pooled(s) => Some(s.column_ptr(i)),
             // Only ever read through this pointer while the `Arc` lives
             // (NumPy arrays and DLPack capsules keep it).
-            BatchMemory::Received(r) => r.columns[i].as_ptr() as *mut u8,
+            BatchMemory::Received(r) => Some(r.columns[i].as_ptr() as *mut u8),
+            BatchMemory::Transitions { .. } => None,
         }
     }
 
@@ -147,6 +194,7 @@ impl BatchMemory {
         match self {
             BatchMemory::Pooled(s) => s.address(),
             BatchMemory::Received(r) => r.columns.first().map_or(0, |c| c.as_ptr() as usize),
+            BatchMemory::Transitions { address, .. } => *address,
         }
     }
 
@@ -154,6 +202,7 @@ impl BatchMemory {
         match self {
             BatchMemory::Pooled(s) => s.nbytes(),
             BatchMemory::Received(r) => r.columns.iter().map(Vec::len).sum(),
+            BatchMemory::Transitions { nbytes, .. } => *nbytes,
         }
     }
 
@@ -162,6 +211,7 @@ impl BatchMemory {
         match self {
             BatchMemory::Pooled(s) => s.clone(),
             BatchMemory::Received(r) => r.clone(),
+            BatchMemory::Transitions { batch, .. } => batch.clone(),
         }
     }
 }
@@ -188,23 +238,32 @@ impl BatchBuffer {
     }
 }
 
-/// A NumPy array of `shape` and `descr` over `ptr`, whose base object is
-/// `owner`.
+/// A writable NumPy array of `shape` and `descr` over `ptr`, whose base
+/// object is `owner`: C-contiguous, or with these byte `strides`.
 ///
 /// # Safety
-/// `ptr` must point to `product(shape) * itemsize` bytes, aligned for the
-/// dtype, that stay valid and in place for as long as `owner` is alive.
+/// `ptr` must point to memory, aligned for the dtype, that stays valid and
+/// in place for as long as `owner` is alive, holds every element `shape`
+/// and `strides` reach (`product(shape) * itemsize` bytes without
+/// strides), and that nothing but NumPy arrays over `owner` reads or
+/// writes meanwhile.
 pub(crate) unsafe fn array_view<'py>(
     descr: &Bound<'py, PyArrayDescr>,
     shape: &[usize],
+    strides: Option<&[usize]>,
     ptr: *mut u8,
     owner: Bound<'py, PyAny>,
 ) -> Result<Bound<'py, PyAny>> {
     let py = descr.py();
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-    // SAFETY: the caller guarantees the memory; NewFromDescr steals the
-    // descriptor reference we pass (hence the clone), and SetBaseObject
-    // steals the owner reference, so both counts stay balanced.
+    let mut steps: Option<Vec<npy_intp>> = strides.map(|s| s.iter().map(|&b| b as npy_intp).collect());
+    // Strided: NumPy works out contiguity and alignment from the strides.
+    let flags = if strides.is_some() { NPY_ARRAY_BEHAVED } else { NPY_ARRAY_CARRAY };
+    // SAFETY: the caller guarantees the memory; `dims` and `steps` have
+    // one entry per axis and outlive the call, which copies them;
+    // NewFromDescr steals the descriptor reference we pass (hence the
+    // clone), and SetBaseObject steals the owner reference, so both
+    // counts stay balanced.
     unsafe {
         let array_type = PY_ARRAY_API.get_type_object(py, npyffi::NpyTypes::PyArray_Type);
         let raw = PY_ARRAY_API.PyArray_NewFromDescr(
@@ -213,15 +272,18 @@ pub(crate) unsafe fn array_view<'py>(
             descr.clone().into_ptr().cast(),
             dims.len() as i32,
             dims.as_mut_ptr(),
-            std::ptr::null_mut(),
+            steps.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
             ptr.cast(),
-            NPY_ARRAY_CARRAY,
+            flags,
             std::ptr::null_mut(),
         );
         if raw.is_null() {
             return Err(Error::Python(PyErr::fetch(py)));
         }
         let array = Bound::from_owned_ptr(py, raw);
+        if strides.is_some() {
+            PY_ARRAY_API.PyArray_UpdateFlags(py, raw.cast(), npyffi::NPY_ARRAY_UPDATE_ALL | npyffi::NPY_ARRAY_ALIGNED);
+        }
         if PY_ARRAY_API.PyArray_SetBaseObject(py, raw.cast(), owner.into_ptr()) < 0 {
             return Err(Error::Python(PyErr::fetch(py)));
         }
@@ -434,9 +496,11 @@ impl Batch {
                 pyo3::exceptions::PyKeyError::new_err(format!("column `{name}` is not in this batch"))
             })?;
         let memory = &buffer.bind(py).get().memory;
+        let ptr =
+            memory.column_ptr(i).ok_or_else(|| Error::Spec("this batch has no column buffers to export".into()))?;
         let mut shape = vec![self.rows(py)?, self.window];
         shape.extend(&info.shape);
-        Ok(DlpackColumn::new(memory.column_ptr(i) as usize, shape, info.dtype, DlDevice::CPU, memory.keepalive()))
+        Ok(DlpackColumn::new(ptr as usize, shape, info.dtype, DlDevice::CPU, memory.keepalive()))
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
@@ -528,12 +592,14 @@ pub(crate) fn column_arrays<'py>(
     for (i, info) in infos.iter().enumerate() {
         let mut shape = vec![rows, window];
         shape.extend(&info.shape);
+        let ptr = memory.column_ptr(i).ok_or_else(|| Error::Spec("a transition batch has no column buffers".into()))?;
         // SAFETY: column `i` of the memory holds exactly `shape` elements
         // of the column's dtype (the sampler's layout sized a pooled
         // buffer, 64-byte aligned; a received column was checked against
         // the shape and adopted only if aligned for its dtype); `buffer`
-        // owns the memory and becomes the array's base.
-        let array = unsafe { array_view(descrs[i].bind(py), &shape, memory.column_ptr(i), buffer.clone().into_any())? };
+        // owns the memory and becomes the array's base, and the sampler
+        // touches it again only once no array references it.
+        let array = unsafe { array_view(descrs[i].bind(py), &shape, None, ptr, buffer.clone().into_any())? };
         dict.set_item(&info.name, array)?;
     }
     Ok(dict)

@@ -3,14 +3,16 @@
 //! items (`obs`, `next_obs`, the step columns, `reward`, `done`,
 //! `discount`) with no window axis.
 
-use crate::batch::{Batch, ColumnInfo, RowFacts};
+use crate::batch::{array_view, Batch, BatchBuffer, BatchMemory, BufferPool, ColumnInfo, RowFacts};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::wait;
-use gear_api::{TransitionConfig, Transitions};
+use gear_api::{TransitionBatch, TransitionConfig};
 use gear_core::{DType, Pad, SlotKey};
+use numpy::{PyArray1, PyArrayDescr};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which items a trajectory's steps give: `whole()` (one item of all its
@@ -94,55 +96,6 @@ pub(crate) fn keys_of(py: Python<'_>, keys: &Bound<'_, PyAny>) -> Result<Vec<Slo
     Ok(raw.into_iter().map(SlotKey::from_u64).collect())
 }
 
-/// One transition batch copied out of the Rust sampler: every buffer the
-/// Python batch shows, owned.
-struct Copied {
-    /// Per observation column: the frames `[rows, k + n, *shape]`, and the
-    /// separate next observations `[rows, k, *shape]` when the batch keeps
-    /// them apart.
-    frames: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// Per observation column: (offset, row stride) of obs and next_obs in
-    /// its buffer, in bytes.
-    views: Vec<((usize, usize), (usize, usize))>,
-    step_columns: Vec<Vec<u8>>,
-    rewards: Vec<f32>,
-    dones: Vec<bool>,
-    discounts: Vec<f32>,
-    n_steps: Vec<i64>,
-    facts: RowFacts,
-}
-
-impl Copied {
-    fn of(t: &Transitions<'_>, observations: &[String], step_columns: &[String]) -> gear_api::Result<Self> {
-        let mut frames = Vec::with_capacity(observations.len());
-        let mut views = Vec::with_capacity(observations.len());
-        for name in observations {
-            let (obs, next) = (t.obs(name)?.view, t.next_obs(name)?.view);
-            let separate = !std::ptr::eq(obs.bytes.as_ptr(), next.bytes.as_ptr());
-            frames.push((obs.bytes.to_vec(), separate.then(|| next.bytes.to_vec())));
-            views.push(((obs.offset, obs.row_stride), (next.offset, next.row_stride)));
-        }
-        let step_columns =
-            step_columns.iter().map(|n| t.column(n).map(|c| c.bytes.to_vec())).collect::<gear_api::Result<_>>()?;
-        Ok(Copied {
-            frames,
-            views,
-            step_columns,
-            rewards: t.rewards().to_vec(),
-            dones: t.dones().to_vec(),
-            discounts: t.discounts().to_vec(),
-            n_steps: t.n_steps().iter().map(|&n| n as i64).collect(),
-            facts: RowFacts {
-                keys: t.keys().iter().map(|k| k.to_u64()).collect(),
-                lengths: vec![1; t.rows()],
-                probabilities: t.probabilities().to_vec(),
-                weights: t.weights().to_vec(),
-                starts: t.starts().iter().map(|&s| s as i64).collect(),
-            },
-        })
-    }
-}
-
 /// Draws batches of DQN transitions from a table of transition items
 /// (`table.transition_sampler(...)`). Each `sample()` returns a `Batch`
 /// whose columns are `obs` (`[B, k, *shape]`, `[B, *shape]` when
@@ -151,16 +104,30 @@ impl Copied {
 /// stored frame of a row read once), the step columns at `t` (`[B,
 /// *shape]`), `reward` (the n-step discounted return, `float32`), `done`,
 /// `discount` (`gamma^m`, 0 after a terminal step) and `n_step` (the `m`
-/// steps each return sums); keys are the items'.
+/// steps each return sums); keys are the items'. The observation and step
+/// column arrays view the batch's own buffers (no copy), valid for as long
+/// as you keep them: the sampler reuses a batch's buffers only once no
+/// array references them.
 #[pyclass(module = "gear._gear")]
 pub struct TransitionSampler {
     inner: gear_api::TransitionSampler,
     timeout: Option<Duration>,
     observations: Vec<(String, DType, Vec<usize>)>,
     step_columns: Vec<(String, DType, Vec<usize>)>,
+    /// NumPy descriptors of the observation columns, then of the step
+    /// columns.
+    descrs: Vec<Py<PyArrayDescr>>,
+    /// The batch's columns, in the order it shows them.
+    infos: Arc<[ColumnInfo]>,
     frame_stack: usize,
     rows: usize,
+    /// Batches whose buffers are reused once no array views them.
+    pool: BufferPool<TransitionBatch>,
 }
+
+/// Where one observation view of a batch starts and how its rows step:
+/// (offset into its buffer, row stride), in bytes.
+type ViewPlace = (usize, usize);
 
 impl TransitionSampler {
     /// A sampler over `table`'s transition items.
@@ -201,94 +168,175 @@ impl TransitionSampler {
             timeout: Some(wait::slice_of(timeout)),
         };
         let inner = py.detach(|| table.transition_sampler(config))?;
+        let descrs = obs
+            .iter()
+            .chain(&steps)
+            .map(|(_, dt, _)| Ok(dtype::numpy_descr(py, *dt)?.unbind()))
+            .collect::<Result<_>>()?;
+        let column = |name: String, dtype: DType, shape: Vec<usize>| ColumnInfo { name, dtype, shape };
+        let mut infos = Vec::new();
+        for (name, dt, shape) in &obs {
+            infos.push(column(name.clone(), *dt, shape.clone()));
+            infos.push(column(format!("next_{name}"), *dt, shape.clone()));
+        }
+        for (name, dt, shape) in &steps {
+            infos.push(column(name.clone(), *dt, shape.clone()));
+        }
+        for (name, dt) in
+            [("reward", DType::F32), ("done", DType::Bool), ("discount", DType::F32), ("n_step", DType::I64)]
+        {
+            infos.push(column(name.into(), dt, Vec::new()));
+        }
         Ok(TransitionSampler {
             inner,
             timeout,
             observations: obs,
             step_columns: steps,
+            descrs,
+            infos: infos.into(),
             frame_stack: frame_stack as usize,
             rows: batch_size,
+            pool: BufferPool::new(),
         })
     }
 
-    fn sample_batch<'py>(&mut self, py: Python<'py>) -> Result<Batch> {
-        let obs_names: Vec<String> = self.observations.iter().map(|(n, ..)| n.clone()).collect();
-        let step_names: Vec<String> = self.step_columns.iter().map(|(n, ..)| n.clone()).collect();
-        let inner = &mut self.inner;
-        let copied = wait::interruptible(py, self.timeout, || {
-            let t = inner.sample()?;
-            Copied::of(&t, &obs_names, &step_names)
-        })?;
+    fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
+        let sampler = &mut self.inner;
+        let mut batch = self.pool.take_or(|| Ok(sampler.new_batch()?))?;
+        let drawn = wait::interruptible(py, self.timeout, || {
+            let Some(unique) = Arc::get_mut(&mut batch) else {
+                return Err(gear_api::Error::Config("transition batch is shared".into()));
+            };
+            let t = sampler.sample_into(unique)?;
+            Ok(RowFacts {
+                keys: t.keys().iter().map(|k| k.to_u64()).collect(),
+                lengths: vec![1; t.rows()],
+                probabilities: t.probabilities().to_vec(),
+                weights: t.weights().to_vec(),
+                starts: t.starts().iter().map(|&s| s as i64).collect(),
+            })
+        });
+        let facts = match drawn {
+            Ok(f) => f,
+            Err(e) => {
+                self.pool.keep(batch);
+                return Err(e);
+            }
+        };
         let columns = PyDict::new(py);
-        let np = py.import("numpy")?;
-        let strided = np.getattr("lib")?.getattr("stride_tricks")?.getattr("as_strided")?;
+        let Some(filled) = Arc::get_mut(&mut batch) else {
+            return Err(Error::Spec("transition batch is shared".into()));
+        };
+        // Everything read through shared references first: the writable
+        // addresses below must be the last Rust access to the buffers
+        // before NumPy gets them.
+        let rows = filled.rows();
+        let n_steps: Vec<i64> = filled.n_steps().iter().map(|&n| n as i64).collect();
+        let per_row = [
+            ("reward", PyArray1::from_slice(py, filled.rewards()).into_any()),
+            ("done", PyArray1::from_slice(py, filled.dones()).into_any()),
+            ("discount", PyArray1::from_slice(py, filled.discounts()).into_any()),
+            ("n_step", PyArray1::from_vec(py, n_steps).into_any()),
+        ];
+        let separate = filled.next_is_separate();
+        let places: Vec<(ViewPlace, ViewPlace)> = (0..self.observations.len())
+            .map(|i| {
+                let (obs, next) = (filled.observation(i), filled.next_observation(i));
+                ((obs.offset, obs.row_stride), (next.offset, next.row_stride))
+            })
+            .collect();
+        let mut nbytes = 0;
+        let mut frames = Vec::with_capacity(places.len());
+        for i in 0..places.len() {
+            let obs = filled.frames_mut(i);
+            nbytes += obs.len();
+            let obs = obs.as_mut_ptr();
+            let next = match filled.next_frames_mut(i) {
+                Some(next) if separate => {
+                    nbytes += next.len();
+                    next.as_mut_ptr()
+                }
+                _ => obs,
+            };
+            frames.push((obs, next));
+        }
+        let steps: Vec<*mut u8> = (0..self.step_columns.len())
+            .map(|j| {
+                let column = filled.column_mut(j);
+                nbytes += column.len();
+                column.as_mut_ptr()
+            })
+            .collect();
+        let address = frames[0].0 as usize;
+        let memory = BatchMemory::Transitions { batch: batch.clone(), address, nbytes };
+        let buffer = Bound::new(py, BatchBuffer { memory })?;
+        self.pool.keep(batch);
         let k = self.frame_stack;
-        let rows = copied.facts.lengths.len();
-        let mut infos = Vec::new();
-        let Copied { frames, views, step_columns, rewards, dones, discounts, n_steps, facts } = copied;
-        for (i, ((name, dt, shape), (frames, next))) in self.observations.iter().zip(frames).enumerate() {
-            let frames = owned_bytes(py, frames)?;
-            let next = next.map(|n| owned_bytes(py, n)).transpose()?;
-            let descr = dtype::numpy_descr(py, *dt)?;
-            let size = dt.size() as usize;
-            // Shape and strides of one view: rows, frames (when stacked),
-            // then the frame's own axes in C order.
+        for (i, (name, dt, shape)) in self.observations.iter().enumerate() {
+            let descr = self.descrs[i].bind(py);
+            let frame_bytes = shape.iter().product::<usize>() * dt.size() as usize;
+            // Rows, frames (when stacked), then the frame's own axes in C
+            // order.
             let mut view_shape = vec![rows];
+            let mut strides = vec![0];
             if k > 1 {
                 view_shape.push(k);
+                strides.push(frame_bytes);
             }
             view_shape.extend(shape);
-            let frame_bytes = shape.iter().product::<usize>() * size;
-            let mut inner_strides: Vec<usize> = Vec::with_capacity(shape.len());
-            let mut acc = size;
-            for d in shape.iter().rev() {
-                inner_strides.push(acc);
-                acc *= d;
-            }
-            inner_strides.reverse();
-            let ((obs_at, obs_stride), (next_at, next_stride)) = views[i];
-            let make = |buffer: &Bound<'py, PyAny>, offset: usize, row_stride: usize| -> PyResult<Bound<'py, PyAny>> {
-                let typed = buffer.call_method1("view", (&descr,))?;
-                let from = typed.get_item(pyo3::types::PySlice::new(py, (offset / size) as isize, isize::MAX, 1))?;
-                let mut strides = vec![row_stride];
-                if k > 1 {
-                    strides.push(frame_bytes);
-                }
-                strides.extend(&inner_strides);
-                strided.call1((from, view_shape.clone(), strides))
+            strides.extend(c_strides(dt.size() as usize, shape));
+            let ((obs_at, obs_stride), (next_at, next_stride)) = places[i];
+            let (obs_ptr, next_ptr) = frames[i];
+            strides[0] = obs_stride;
+            // SAFETY: the pointer and strides are the gathered batch's own
+            // view of observation column `i` (`TransitionBatch::observation`:
+            // `rows` rows of `k` frames, `obs_stride` bytes apart from
+            // `obs_at`, inside the frames buffer of `[rows, k + n, *shape]`),
+            // aligned for the dtype (buffers start 64-byte aligned, offsets
+            // are whole frames), so `add` stays inside the buffer; the
+            // pointers were taken through `&mut` after the last Rust read;
+            // `buffer` holds the batch, becomes the array's base, and the
+            // pool reuses the batch only once no array references it.
+            let obs = unsafe {
+                array_view(descr, &view_shape, Some(&strides), obs_ptr.add(obs_at), buffer.clone().into_any())?
             };
-            columns.set_item(name, make(&frames, obs_at, obs_stride)?)?;
-            let next_name = format!("next_{name}");
-            columns.set_item(&next_name, make(next.as_ref().unwrap_or(&frames), next_at, next_stride)?)?;
-            infos.push(ColumnInfo { name: name.clone(), dtype: *dt, shape: shape.clone() });
-            infos.push(ColumnInfo { name: next_name, dtype: *dt, shape: shape.clone() });
+            strides[0] = next_stride;
+            // SAFETY: as above, for `TransitionBatch::next_observation`:
+            // positions `n..n + k` of the frames buffer, or the batch's
+            // separate next buffer (`[rows, k, *shape]`) when it uses one.
+            let next = unsafe {
+                array_view(descr, &view_shape, Some(&strides), next_ptr.add(next_at), buffer.clone().into_any())?
+            };
+            columns.set_item(name, obs)?;
+            columns.set_item(format!("next_{name}"), next)?;
         }
-        for ((name, dt, shape), bytes) in self.step_columns.iter().zip(step_columns) {
-            let bytes = owned_bytes(py, bytes)?;
+        for (j, (name, _, shape)) in self.step_columns.iter().enumerate() {
             let mut full = vec![rows];
             full.extend(shape);
-            let typed =
-                bytes.call_method1("view", (dtype::numpy_descr(py, *dt)?,))?.call_method1("reshape", (full,))?;
-            columns.set_item(name, typed)?;
-            infos.push(ColumnInfo { name: name.clone(), dtype: *dt, shape: shape.clone() });
+            let descr = self.descrs[self.observations.len() + j].bind(py);
+            // SAFETY: step column `j` of the batch is `[rows, *shape]`
+            // elements of the column's dtype, 64-byte aligned; ownership
+            // as for the observations above.
+            let column = unsafe { array_view(descr, &full, None, steps[j], buffer.clone().into_any())? };
+            columns.set_item(name, column)?;
         }
-        columns.set_item("reward", numpy::PyArray1::from_vec(py, rewards))?;
-        columns.set_item("done", numpy::PyArray1::from_vec(py, dones))?;
-        columns.set_item("discount", numpy::PyArray1::from_vec(py, discounts))?;
-        columns.set_item("n_step", numpy::PyArray1::from_vec(py, n_steps))?;
-        for (name, dt) in
-            [("reward", DType::F32), ("done", DType::Bool), ("discount", DType::F32), ("n_step", DType::I64)]
-        {
-            infos.push(ColumnInfo { name: name.into(), dtype: dt, shape: Vec::new() });
+        for (name, values) in per_row {
+            columns.set_item(name, values)?;
         }
-        Batch::new(py, columns, facts, 1, Pad::Tail, infos.into(), None)
+        Batch::new(py, columns, facts, 1, Pad::Tail, self.infos.clone(), None)
     }
 }
 
-/// `bytes` as a 1-D `uint8` NumPy array that owns them (the base of the
-/// views made over it).
-fn owned_bytes<'py>(py: Python<'py>, bytes: Vec<u8>) -> Result<Bound<'py, PyAny>> {
-    Ok(numpy::PyArray1::from_vec(py, bytes).into_any())
+/// Byte strides of a C-ordered array of `shape` with `item`-byte
+/// elements.
+fn c_strides(item: usize, shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut step = item;
+    for (s, d) in strides.iter_mut().zip(shape).rev() {
+        *s = step;
+        step *= d;
+    }
+    strides
 }
 
 #[pymethods]

@@ -1,7 +1,7 @@
 //! `gear.Sampler`: batches into buffers the batch owns (`sample`), or into
 //! the caller's arrays (`sample_into`), and iteration.
 
-use crate::batch::{self, Batch, BatchBuffer, BatchMemory, BatchStorage, ColumnInfo, RowFacts};
+use crate::batch::{self, Batch, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ColumnInfo, RowFacts};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::wait;
@@ -11,10 +11,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Buffers a sampler keeps for reuse; batches still referenced beyond
-/// these get fresh buffers that are freed with them.
-const POOLED_BUFFERS: usize = 4;
 
 /// Draws batches of windows from a table. Create one per thread
 /// (`table.sampler(...)`); a sampler used by two threads at once raises.
@@ -28,7 +24,7 @@ pub struct Sampler {
     rows: usize,
     window: usize,
     pad: Pad,
-    pool: Vec<Arc<BatchStorage>>,
+    pool: BufferPool<BatchStorage>,
 }
 
 impl Sampler {
@@ -53,19 +49,22 @@ impl Sampler {
             column_bytes.push(layout.column_bytes(i) as usize);
         }
         let (rows, window) = (layout.rows(), layout.window().len as usize);
-        Ok(Sampler { inner, timeout, infos: infos.into(), descrs, column_bytes, rows, window, pad, pool: Vec::new() })
-    }
-
-    /// A buffer nothing else references, reused from the pool or new.
-    fn free_buffer(&mut self) -> Result<Arc<BatchStorage>> {
-        if let Some(i) = self.pool.iter_mut().position(|s| Arc::get_mut(s).is_some()) {
-            return Ok(self.pool.swap_remove(i));
-        }
-        Ok(Arc::new(BatchStorage::new(&self.column_bytes)?))
+        Ok(Sampler {
+            inner,
+            timeout,
+            infos: infos.into(),
+            descrs,
+            column_bytes,
+            rows,
+            window,
+            pad,
+            pool: BufferPool::new(),
+        })
     }
 
     fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
-        let mut storage = self.free_buffer()?;
+        let column_bytes = &self.column_bytes;
+        let mut storage = self.pool.take_or(|| BatchStorage::new(column_bytes))?;
         let inner = &mut self.inner;
         let filled = wait::interruptible(py, self.timeout, || {
             let Some(unique) = Arc::get_mut(&mut storage) else {
@@ -78,22 +77,14 @@ impl Sampler {
         let facts = match filled {
             Ok(f) => f,
             Err(e) => {
-                self.keep(storage);
+                self.pool.keep(storage);
                 return Err(e);
             }
         };
         let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage.clone()) })?;
-        if self.pool.len() < POOLED_BUFFERS {
-            self.pool.push(storage);
-        }
+        self.pool.keep(storage);
         let columns = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
         Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), Some(buffer.unbind()))
-    }
-
-    fn keep(&mut self, storage: Arc<BatchStorage>) {
-        if self.pool.len() < POOLED_BUFFERS {
-            self.pool.push(storage);
-        }
     }
 
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {

@@ -218,6 +218,69 @@ def test_transitions_store_each_frame_once():
     assert np.may_share_memory(obs, nxt)
 
 
+
+@pytest.mark.parametrize("k,n", [(4, 1), (4, 2)])
+def test_kept_transition_batches_stay_exact_while_later_ones_are_drawn(k, n):
+    """obs and next_obs view the batch's own buffers: drawing more batches
+    than the sampler pools leaves each kept batch's frames exactly as
+    written (n < k included: next observations in a buffer of their own
+    for short returns), and a batch let go has its buffers reused."""
+    gamma = 0.9
+    table = gear.Table(columns(), max_len=12, capacity=6, items_per_trajectory=12,
+                       item_pattern=gear.ItemPattern.transitions(n))
+    episodes = {}
+    for tid in range(1, 5):
+        steps = 5 + tid
+        done_at = steps - 2 if tid % 2 else None
+        episodes[tid] = [dict(obs=frame(tid, t), action=tid * 100 + t, reward=float(t + 1), done=done_at == t)
+                         for t in range(steps)]
+        with table.writer().trajectory() as tr:
+            for s in episodes[tid]:
+                tr.append(**s)
+    sampler = table.transition_sampler(16, obs="obs", action="action", reward="reward", done="done",
+                                       frame_stack=k, n_step=n, gamma=gamma)
+
+    def expected(b):
+        rows = []
+        for r in range(b.rows):
+            action = int(b["action"][r])
+            o, no, _, done, _, m = reference_transition(episodes[action // 100], action % 100, k, n, gamma)
+            rows.append((o, no if not done else None, m))
+        return rows
+
+    def check(b, rows):
+        for r, (o, no, m) in enumerate(rows):
+            np.testing.assert_array_equal(b["obs"][r], o)
+            if no is not None:
+                np.testing.assert_array_equal(b["next_obs"][r], no)
+            assert int(b["n_step"][r]) == m
+
+    kept = []
+    for _ in range(12):
+        b = sampler.sample()
+        kept.append((b, expected(b), b["obs"].copy(), b["next_obs"].copy(), b["action"].copy()))
+    separate = [b["next_obs"].strides[0] == k * OBS for b, *_ in kept]
+    assert any(separate) == (n == 2), "short returns with n < k keep next_obs in a buffer of its own"
+    for b, rows, obs, nxt, action in kept:
+        check(b, rows)
+        np.testing.assert_array_equal(b["obs"], obs)
+        np.testing.assert_array_equal(b["next_obs"], nxt)
+        np.testing.assert_array_equal(b["action"], action)
+        assert b["obs"].base is b["next_obs"].base is b["action"].base
+    addresses = {b["obs"].base.address for b, *_ in kept}
+    assert len(addresses) == len(kept), "no two kept batches share a buffer"
+    # Arrays outlive their batch; a buffer still viewed is never reused.
+    obs0, rows0 = kept[0][0]["obs"], kept[0][1]
+    del kept
+    later = [sampler.sample() for _ in range(8)]
+    for r, (o, _, _) in enumerate(rows0):
+        np.testing.assert_array_equal(obs0[r], o)
+    assert obs0.base.address not in {b["obs"].base.address for b in later}
+    # Batches let go come back from the pool.
+    del later
+    seen = {sampler.sample()["obs"].base.address for _ in range(8)}
+    assert len(seen) <= 2, seen
+
 KILLED_WRITER = """
 import sys, numpy as np, gear
 table = gear.Table.attach(sys.argv[1], timeout=10)
