@@ -36,7 +36,12 @@ TorchRL and cpprb have no rate limiter: the same samples-per-insert rule
 
 Every learner puts its batches through one background thread (a queue
 of one batch, as a prefetching data loader does), except TorchRL's,
-which prefetches with its own ``prefetch`` option.
+which prefetches with its own ``prefetch`` option. Every learner sends
+its priority updates from another background thread, one update in flight
+and the next waiting at most (Acme's R2D2 learner does the same with its
+``AsyncExecutor``): the learner goes on with its next step while the
+replay system applies the last one; the update share is the time the
+learner waits for that queue.
 """
 
 from __future__ import annotations
@@ -867,6 +872,44 @@ class Prefetch:
         self.thread.join(timeout=30)
 
 
+class AsyncUpdates:
+    """Priority updates sent from one background thread, in order: `submit`
+    waits only while an update is in flight and another is already queued;
+    an update's error is raised by the next `submit` or by `close`."""
+
+    def __init__(self, update: Any) -> None:
+        self.update = update
+        self.q: "queue.Queue[Any]" = queue.Queue(maxsize=1)
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            try:
+                if self.error is None:
+                    self.update(*item)
+            except BaseException as e:  # handed to the learner
+                self.error = e
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"updating priorities failed: {self.error!r}") from self.error
+
+    def submit(self, handle: Any, priorities: np.ndarray) -> None:
+        self.check()
+        self.q.put((handle, priorities))
+
+    def close(self) -> None:
+        """Waits for the updates sent (at most 60 s); idempotent, never raises."""
+        if self.thread.is_alive():
+            self.q.put(None)
+            self.thread.join(timeout=60)
+
+
 def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, warmup: float,
             min_steps: int, steps_counter: Any, meter: CpuMeter, device: str = "host") -> Dict[str, Any]:
     """Trains (or only receives batches) for `seconds` after `warmup`;
@@ -893,6 +936,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
     else:
         host_feed = Prefetch(source)
     feed = DeviceFeed(host_feed, staged) if staged is not None else host_feed
+    updates = AsyncUpdates(feed.update)
     try:
         wait = update = 0.0
         steps = 0
@@ -919,7 +963,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
                 prio = data["reward"].float().mean(1).abs()
             prio = prio.double().add_(1e-3).cpu().numpy()
             c = time.perf_counter()
-            feed.update(handle, prio)
+            updates.submit(handle, prio)
             d = time.perf_counter()
             wait += b - a
             update += d - c
@@ -927,7 +971,10 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
         wall = time.perf_counter() - t0
         cpu = meter.between(cpu0, meter.snapshot())
         inserted = steps_counter.value - ins0
+        updates.close()
+        updates.check()
     finally:
+        updates.close()
         if feed is not host_feed:
             feed.close()
         if host_feed is not source:

@@ -194,3 +194,35 @@ def test_the_learner_trains_through_the_device_path(tmp_path):
     if not __import__("torch").cuda.is_available():
         bad = subprocess.run(cmd[:-1] + ["cuda"], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "torch sees no CUDA device" in bad.stderr, bad.stderr
+
+
+def test_async_priority_updates_arrive_in_order_and_report_errors():
+    import threading
+    import time
+
+    seen, gate = [], threading.Event()
+
+    def slow(handle, priorities):
+        gate.wait(5)
+        seen.append((handle, list(priorities)))
+
+    u = train_run.AsyncUpdates(slow)
+    t = time.perf_counter()
+    u.submit(1, [0.5])  # taken by the thread, which waits on the gate
+    u.submit(2, [0.25])  # queued: submit returns without waiting
+    assert time.perf_counter() - t < 2 and seen == []
+    gate.set()
+    u.close()
+    assert seen == [(1, [0.5]), (2, [0.25])]
+    u.close()  # idempotent
+
+    def failing(handle, priorities):
+        raise ValueError(f"stale handle {handle}")
+
+    u = train_run.AsyncUpdates(failing)
+    u.submit(7, [1.0])
+    u.close()
+    with pytest.raises(RuntimeError, match="stale handle 7"):
+        u.check()
+    with pytest.raises(RuntimeError, match="stale handle 7"):
+        u.submit(8, [1.0])
