@@ -197,10 +197,14 @@ def child(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--transitions", type=int, nargs="+", default=[25_000, 50_000])
+    ap.add_argument("--transitions", type=int, nargs="*", default=[25_000, 50_000],
+                    help="buffer sizes of the memory and sampling cases (none: inserts only)")
+    ap.add_argument("--peers", default="cpprb-stack-compress,cpprb-next-of,stacked",
+                    help="comma-separated memory and sampling peers (at 1 M transitions only "
+                         "cpprb-stack-compress fits 24 GB beside GEAR: cpprb-next-of needs 28 GB, stacked 56 GB)")
     ap.add_argument("--episode", type=int, default=1000)
     ap.add_argument("--batches", type=int, default=50)
-    ap.add_argument("--inserts", type=int, default=256_000)
+    ap.add_argument("--inserts", type=int, default=256_000, help="transitions per insert case (0: no insert cases)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gear-path", default=None)
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)
@@ -210,10 +214,16 @@ def main():
         return child(args)
     results = {}
     cases = [("gear", n) for n in args.transitions]
-    cases += [(k, n) for n in args.transitions for k in ("cpprb-stack-compress", "cpprb-next-of", "stacked")]
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = set(peers) - {"cpprb-stack-compress", "cpprb-next-of", "stacked"}
+    if unknown:
+        ap.error(f"unknown peers {sorted(unknown)}")
+    cases += [(k, n) for n in args.transitions for k in peers]
+    if args.inserts > 0:
+        cases += [("insert-gear", 0), ("insert-cpprb", 0)]
     for r in range(args.rounds):
         # Alternating: every case once per round.
-        for case, n in cases + [("insert-gear", 0), ("insert-cpprb", 0)]:
+        for case, n in cases:
             cmd = [sys.executable, __file__, "--case", case, "--n", str(n), "--episode", str(args.episode),
                    "--batches", str(args.batches), "--inserts", str(args.inserts)]
             if args.gear_path:
@@ -236,7 +246,7 @@ def main():
     for n in args.transitions:
         g = med("gear", n, "rss")
         print(f"N = {n}: gear rss {g / 2**20:.0f} MiB")
-        for peer in ("cpprb-stack-compress", "cpprb-next-of", "stacked"):
+        for peer in peers:
             p = med(peer, n, "rss")
             s32 = med("gear", n, "sample32_rows_per_s") / med(peer, n, "sample32_rows_per_s")
             s256 = med("gear", n, "sample256_rows_per_s") / med(peer, n, "sample256_rows_per_s")
