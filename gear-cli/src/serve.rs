@@ -196,6 +196,9 @@ fn open_table(config: &Path, cfg: &ServeConfig, t: &TableConfig, restore: Option
 /// `gear serve`: runs until SIGINT/SIGTERM (or `options.seconds`).
 pub fn serve(config: &Path, options: &ServeOptions, persistence: &ServePersistence) -> Result<()> {
     let cfg = ServeConfig::load(config)?;
+    // This process only serves: its reply buffers (tens of MB) come from the
+    // heap and are reused (gear_net::alloc's module doc).
+    gear_net::alloc::serve_every_message_from_the_heap();
     if std::env::var_os(EXIT_WITH_PARENT).is_some() {
         // SAFETY: asking for SIGTERM when the parent dies has no
         // memory-safety preconditions; SIGTERM then stops this server as

@@ -7,6 +7,13 @@
 //! measured at about a fifth of the CPU a remote insert costs. Raising the
 //! two thresholds once per process keeps such buffers in the heap for
 //! reuse. `GEAR_KEEP_MALLOC_DEFAULTS=1` leaves glibc as it is.
+//!
+//! A shard's `Sample` replies can be larger than the highest mmap threshold
+//! glibc accepts (32 MiB: a batch of 32 windows of 512 Atari frames is 38
+//! MB a shard), so each was still mapped afresh and every page faulted in
+//! and cleared per reply: half a shard's CPU in the training benchmark at
+//! L 512. A process that only serves shards (`gear serve`) also turns
+//! glibc's mmap off ([`serve_every_message_from_the_heap`]).
 
 use std::sync::Once;
 
@@ -18,6 +25,26 @@ const MMAP_THRESHOLD: libc::c_int = 32 << 20;
 /// Free memory at the top of the heap kept before trimming.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: libc::c_int = 256 << 20;
+
+/// For a process that is a shard server and nothing else (`gear serve`
+/// calls it; a library embedding a server does not): every allocation
+/// comes from the heap, whatever its size (glibc's `M_MMAP_MAX` 0), so
+/// that reply buffers above the highest mmap threshold are reused instead
+/// of mapped and faulted in per reply; the heap's top is still trimmed
+/// past [`keep_message_buffers`]' threshold. Does nothing on other C
+/// libraries or when `GEAR_KEEP_MALLOC_DEFAULTS` is set.
+pub fn serve_every_message_from_the_heap() {
+    keep_message_buffers();
+    if std::env::var_os("GEAR_KEEP_MALLOC_DEFAULTS").is_some() {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; 0 is a value glibc
+    // documents for M_MMAP_MAX (never use mmap for allocations).
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+    }
+}
 
 /// Raises glibc's mmap and trim thresholds once per process (see the module
 /// doc); does nothing on other C libraries or when
