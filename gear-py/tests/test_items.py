@@ -156,21 +156,28 @@ def reference_transition(episode, t, k, n, gamma):
     return stack(t), stack(t + m), ret, done, 0.0 if done else gamma ** m, m
 
 
-@pytest.mark.parametrize("k,n", [(1, 1), (4, 1), (4, 3), (2, 3)])
-def test_transitions_match_a_step_by_step_reference(k, n):
-    gamma = 0.9
+def transition_table(n):
+    """A table of n-step transition items over four episodes of 6 to 9
+    steps (the odd ones terminal, the others cut off); returns it and the
+    episodes' steps by episode id (an action is `id * 100 + t`)."""
     table = gear.Table(columns(), max_len=12, capacity=6, items_per_trajectory=12,
                        item_pattern=gear.ItemPattern.transitions(n))
     episodes = {}
     for tid in range(1, 5):
         steps = 5 + tid
-        done_at = steps - 2 if tid % 2 else None  # terminal episodes, and ones cut off
-        ep = [dict(obs=frame(tid, t), action=tid * 100 + t, reward=float(t + 1), done=done_at == t)
-              for t in range(steps)]
-        episodes[tid] = ep
+        done_at = steps - 2 if tid % 2 else None
+        episodes[tid] = [dict(obs=frame(tid, t), action=tid * 100 + t, reward=float(t + 1), done=done_at == t)
+                         for t in range(steps)]
         with table.writer().trajectory() as tr:
-            for s in ep:
+            for s in episodes[tid]:
                 tr.append(**s)
+    return table, episodes
+
+
+@pytest.mark.parametrize("k,n", [(1, 1), (4, 1), (4, 3), (2, 3)])
+def test_transitions_match_a_step_by_step_reference(k, n):
+    gamma = 0.9
+    table, episodes = transition_table(n)
     sampler = table.transition_sampler(64, obs="obs", action="action", reward="reward", done="done",
                                        frame_stack=k, n_step=n, gamma=gamma)
     assert sampler.frame_stack == k
@@ -226,17 +233,7 @@ def test_kept_transition_batches_stay_exact_while_later_ones_are_drawn(k, n):
     written (n < k included: next observations in a buffer of their own
     for short returns), and a batch let go has its buffers reused."""
     gamma = 0.9
-    table = gear.Table(columns(), max_len=12, capacity=6, items_per_trajectory=12,
-                       item_pattern=gear.ItemPattern.transitions(n))
-    episodes = {}
-    for tid in range(1, 5):
-        steps = 5 + tid
-        done_at = steps - 2 if tid % 2 else None
-        episodes[tid] = [dict(obs=frame(tid, t), action=tid * 100 + t, reward=float(t + 1), done=done_at == t)
-                         for t in range(steps)]
-        with table.writer().trajectory() as tr:
-            for s in episodes[tid]:
-                tr.append(**s)
+    table, episodes = transition_table(n)
     sampler = table.transition_sampler(16, obs="obs", action="action", reward="reward", done="done",
                                        frame_stack=k, n_step=n, gamma=gamma)
 
