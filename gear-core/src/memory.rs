@@ -49,6 +49,16 @@ pub unsafe trait MemoryRegion: Send + Sync {
     fn alignment(&self) -> u64;
     /// Host address of the first byte, if the host can reach the bytes.
     fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>>;
+    /// The host address and length of the whole region, for a transport
+    /// that reads into it or exposes it: `Unsupported(unsupported)` when
+    /// the host cannot reach the bytes, `Region` when the length does not
+    /// fit a `usize`.
+    fn host_span(&self, unsupported: &'static str) -> crate::Result<(std::ptr::NonNull<u8>, usize)> {
+        let ptr = self.host_ptr().ok_or(crate::Error::Unsupported(unsupported))?;
+        let len = usize::try_from(self.len())
+            .map_err(|_| crate::Error::Region(format!("region of {} bytes is too large", self.len())))?;
+        Ok((ptr, len))
+    }
     /// Device address of the first byte, if a device can reach the bytes.
     fn device_ptr(&self) -> Option<u64> {
         None

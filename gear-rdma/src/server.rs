@@ -275,10 +275,7 @@ impl<V: Verbs> TransportServer for RdmaServer<V> {
     }
 
     fn expose(&self, shard: u32, incarnation: u64, region: Arc<dyn MemoryRegion>) -> CoreResult<ExposedRegion> {
-        let ptr =
-            region.host_ptr().ok_or(gear_core::Error::Unsupported("rdma exposes host-addressable memory only"))?;
-        let len = usize::try_from(region.len())
-            .map_err(|_| gear_core::Error::Region(format!("region of {} bytes is too large", region.len())))?;
+        let (ptr, len) = region.host_span("rdma exposes host-addressable memory only")?;
         // SAFETY: `Exposed` keeps the `Arc` alive until `withdraw` (or drop)
         // deregisters it; the registration grants remote read only, so the
         // device never writes the region.

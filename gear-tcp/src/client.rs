@@ -312,10 +312,8 @@ impl Transport for TcpTransport {
     }
 
     fn register_local(&self, region: Arc<dyn MemoryRegion>) -> CoreResult<LocalBuffer> {
-        let base =
-            region.host_ptr().ok_or(gear_core::Error::Unsupported("tcp reads land in host-addressable memory"))?;
+        let (base, _) = region.host_span("tcp reads land in host-addressable memory")?;
         let len = region.len();
-        usize::try_from(len).map_err(|_| gear_core::Error::Region(format!("region of {len} bytes is too large")))?;
         let mut st = self.state.lock();
         let id = st.id();
         st.buffers.insert(id, Buffer { dest: Destination { _region: region, base }, len, busy: 0 });

@@ -112,10 +112,8 @@ impl TransportServer for TcpServer {
     }
 
     fn expose(&self, shard: u32, incarnation: u64, region: Arc<dyn MemoryRegion>) -> CoreResult<ExposedRegion> {
-        let base =
-            region.host_ptr().ok_or(gear_core::Error::Unsupported("tcp exposes host-addressable memory only"))?;
+        let (base, _) = region.host_span("tcp exposes host-addressable memory only")?;
         let len = region.len();
-        usize::try_from(len).map_err(|_| gear_core::Error::Region(format!("region of {len} bytes is too large")))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.regions.write().insert(id, Arc::new(Exposed { _region: region, base, len }));
         Ok(ExposedRegion::new(id, shard, incarnation, len))

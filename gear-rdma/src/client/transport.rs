@@ -24,10 +24,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
     }
 
     fn register_local(&self, region: Arc<dyn MemoryRegion>) -> CoreResult<LocalBuffer> {
-        let ptr =
-            region.host_ptr().ok_or(gear_core::Error::Unsupported("rdma reads land in host-addressable memory"))?;
-        let len = usize::try_from(region.len())
-            .map_err(|_| gear_core::Error::Region(format!("region of {} bytes is too large", region.len())))?;
+        let (ptr, len) = region.host_span("rdma reads land in host-addressable memory")?;
         // SAFETY: the registration keeps `region` (an `Arc`) alive until
         // `release_local` deregisters it, which is refused while reads into
         // it are in flight; `MemoryRegion`'s contract makes its bytes
