@@ -9,6 +9,13 @@
 # torch comes from the ordinary package index (the default wheel, with its
 # CUDA libraries, ~5 GB; it runs on the CPU). A venv that already has
 # torch and jax is reused as it is: a second run installs nothing.
+#
+# Disk is what a fresh install runs out of (CI once reached this step with
+# 3.3 GB free), so the install keeps its peak near the venv's final size:
+# pip resolves torch and jax[cpu] from the index's metadata alone, then
+# installs what it resolved one wheel per call, with no cache, so no more
+# than one downloaded wheel sits beside the venv at a time. torch's triton
+# (~1 GB, used only to compile models, which no test does) is left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(cd .. && pwd)"
@@ -36,9 +43,25 @@ pip_install() {
 if ! "$venv/bin/python" -c "import maturin, numpy, pytest, pytest_timeout, h5py" 2>/dev/null; then
     pip_install "maturin>=1.5,<2" "numpy>=1.22" pytest pytest-timeout h5py
 fi
+# Installs the requirements' resolution one wheel per pip call (above).
+pip_install_one_at_a_time() {
+    local report="$venv/torch-jax-resolution.json" requirement
+    pip_install --dry-run --report "$report" "$@"
+    "$venv/bin/python" -c '
+import json, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    print(item["metadata"]["name"] + "==" + item["metadata"]["version"])
+' "$report" | while read -r requirement; do
+        case "$requirement" in
+            triton==*) continue ;;
+        esac
+        pip_install --no-deps "$requirement"
+    done
+    rm -f "$report"
+}
 if ! "$venv/bin/python" -c "import torch, jax" 2>/dev/null; then
     echo "pytest.sh: installing torch and jax[cpu] (~5 GB) into $venv; free space: $(df -h --output=avail "$root/target" | tail -1)"
-    pip_install torch "jax[cpu]"
+    pip_install_one_at_a_time torch "jax[cpu]"
 fi
 export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH"
 # torch, JAX and the cluster's shard servers must be there: their tests
