@@ -36,7 +36,9 @@ TorchRL and cpprb have no rate limiter: the same samples-per-insert rule
 
 Every learner puts its batches through one background thread (a queue
 of one batch, as a prefetching data loader does), except TorchRL's,
-which prefetches with its own ``prefetch`` option. Every learner sends
+which prefetches with its own ``prefetch`` option, and Reverb's dataset,
+which keeps two batches of samples in flight and one prefetched; the GEAR
+cluster learner keeps two Sample calls in flight, from two threads. Every learner sends
 its priority updates from another background thread, one update in flight
 and the next waiting at most (Acme's R2D2 learner does the same with its
 ``AsyncExecutor``): the learner goes on with its next step while the
@@ -269,7 +271,7 @@ class GearLocal:
         return self.name
 
     def source(self, batch: int) -> "GearSource":
-        return GearSource(self.table.sampler(batch, self.spec.window, random_start=True, timeout=60.0),
+        return GearSource([self.table.sampler(batch, self.spec.window, random_start=True, timeout=60.0)],
                           self.table.update_priorities)
 
     def close(self) -> None:
@@ -299,31 +301,37 @@ class GearItems(GearLocal):
         self.roles: Dict[int, str] = {}
 
     def source(self, batch: int) -> "GearSource":
-        return GearSource(self.table.sampler(batch, self.spec.window, offset=0, timeout=60.0),
+        return GearSource([self.table.sampler(batch, self.spec.window, offset=0, timeout=60.0)],
                           self.table.update_priorities)
 
 
 class GearSource:
-    """Batches gathered into a ring of three preallocated tensor sets (one
-    being filled, one queued, one training: the prefetch thread never
-    overwrites a batch the learner still holds)."""
+    """Batches gathered into preallocated tensor sets, a ring of three per
+    sampler (one being filled, one queued, one training: a prefetch thread
+    never overwrites a batch the learner still holds). `Prefetch` runs one
+    thread per sampler (`fillers`); thread `i` calls `next(i)`, which
+    samples with sampler `i` into ring `i`."""
 
-    def __init__(self, sampler: Any, update: Any) -> None:
+    def __init__(self, samplers: List[Any], update: Any) -> None:
         import torch
 
-        self.sampler = sampler
+        self.samplers = samplers
         self.update_fn = update
-        spec = sampler.output_spec()
-        self.ring = [{c: torch.empty(shape, dtype=getattr(torch, dt)) for c, (dt, shape) in spec.items()}
-                     for _ in range(3)]
-        self.next_slot = 0
+        spec = samplers[0].output_spec()
+        self.rings = [[{c: torch.empty(shape, dtype=getattr(torch, dt)) for c, (dt, shape) in spec.items()}
+                       for _ in range(3)] for _ in samplers]
+        self.next_slots = [0] * len(samplers)
 
-    def next(self) -> Tuple[Dict[str, Any], Any]:
+    @property
+    def fillers(self) -> int:
+        return len(self.samplers)
+
+    def next(self, filler: int = 0) -> Tuple[Dict[str, Any], Any]:
         import torch
 
-        out = self.ring[self.next_slot]
-        self.next_slot = (self.next_slot + 1) % 3
-        b = self.sampler.sample_into(out)
+        out = self.rings[filler][self.next_slots[filler]]
+        self.next_slots[filler] = (self.next_slots[filler] + 1) % 3
+        b = self.samplers[filler].sample_into(out)
         return dict(out, weights=torch.from_numpy(b.weights)), b.keys
 
     def update(self, keys: Any, priorities: np.ndarray) -> None:
@@ -367,6 +375,7 @@ class GearCluster:
 
     ctx = "spawn"
     SHARDS = 3
+    SAMPLE_CALLS_IN_FLIGHT = 2
 
     def __init__(self, spec: Spec) -> None:
         import gear
@@ -412,8 +421,13 @@ class GearCluster:
 
     def source(self, batch: int) -> "GearSource":
         # Each row's window starts at a random step, drawn by its shard.
-        sampler = self.cluster.sampler(batch, self.spec.window, random_start=True, timeout=60.0)
-        return GearSource(sampler, self.cluster.update_priorities)
+        # Two Sample calls in flight, from two prefetch threads (Reverb's
+        # dataset keeps two batches of samples in flight the same way,
+        # `max_in_flight_samples_per_worker = 2 * batch`): the shards gather
+        # the next batch while the learner's process receives this one.
+        samplers = [self.cluster.sampler(batch, self.spec.window, random_start=True, timeout=60.0)
+                    for _ in range(self.SAMPLE_CALLS_IN_FLIGHT)]
+        return GearSource(samplers, self.cluster.update_priorities)
 
     def close(self) -> None:
         for p in self.procs:
@@ -830,20 +844,24 @@ class TorchRLSink:
 
 
 class Prefetch:
-    """One background thread filling a queue of one batch."""
+    """Background threads filling a queue of one batch: one, or one per
+    filler of a source that has several (`source.fillers`; thread `i`
+    calls `source.next(i)`)."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self.stop = threading.Event()
         self.error: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
+        fillers = getattr(source, "fillers", 1)
+        self.threads = [threading.Thread(target=self.run, args=(i, fillers), daemon=True) for i in range(fillers)]
+        for t in self.threads:
+            t.start()
 
-    def run(self) -> None:
+    def run(self, filler: int, fillers: int) -> None:
         try:
             while not self.stop.is_set():
-                item = self.source.next()
+                item = self.source.next(filler) if fillers > 1 else self.source.next()
                 while not self.stop.is_set():
                     try:
                         self.q.put(item, timeout=0.1)
@@ -869,7 +887,8 @@ class Prefetch:
             self.q.get_nowait()
         except queue.Empty:
             pass
-        self.thread.join(timeout=30)
+        for t in self.threads:
+            t.join(timeout=30)
 
 
 class AsyncUpdates:
