@@ -81,6 +81,33 @@ def test_streamed_trajectories_and_batches_every_row_checked(local_cluster):
     assert batch["obs"].base is batch.buffer or batch["obs"].base is not None
 
 
+def test_kept_batches_stay_exact_while_the_sampler_reuses_its_buffers(local_cluster):
+    """sample() decodes into buffers the sampler pools: a batch (or an array
+    of it) kept while later ones are drawn never changes, and buffers of
+    batches that are gone are reused rather than allocated afresh."""
+    lc = local_cluster()
+    cluster = gear.Cluster(lc.addrs, TOKEN)
+    for tid in range(24):
+        write(cluster, tid, 1 + tid % MAX_LEN)
+    sampler = cluster.sampler(16, window=6)
+    kept = [sampler.sample() for _ in range(3)]
+    copies = [{c: b[c].copy() for c in ("id", "t", "obs")} for b in kept]
+    obs_only = sampler.sample()["obs"]
+    obs_copy = obs_only.copy()
+    addresses = set()
+    for _ in range(12):
+        b = sampler.sample()
+        check_rows(b)
+        addresses.add(b["obs"].__array_interface__["data"][0])
+        del b
+    for b, want in zip(kept, copies):
+        check_rows(b)
+        assert all(np.array_equal(b[c], want[c]) for c in want)
+    assert np.array_equal(obs_only, obs_copy)
+    # Twelve batches, each dropped before the next: one buffer went round.
+    assert len(addresses) <= 2, addresses
+
+
 def test_insert_batch_to_each_target_and_windows(local_cluster):
     lc = local_cluster()
     cluster = gear.Cluster(lc.addrs, TOKEN)

@@ -127,36 +127,12 @@ fn too_large() -> Error {
     Error::Spec("batch buffer size overflows the address space".into())
 }
 
-/// A cluster batch's columns as the cluster client received them: one
-/// allocation per column, which the batch adopts instead of copying.
-#[derive(Debug)]
-pub(crate) struct ReceivedColumns {
-    columns: Vec<Vec<u8>>,
-}
-
-impl ReceivedColumns {
-    /// Adopts `columns` if every one is aligned for `align[i]`-byte
-    /// elements (allocations of the size of a batch column always are);
-    /// gives them back otherwise.
-    pub(crate) fn adopt(columns: Vec<Vec<u8>>, align: &[usize]) -> std::result::Result<Self, Vec<Vec<u8>>> {
-        let aligned = columns.len() == align.len()
-            && columns.iter().zip(align).all(|(c, &a)| c.is_empty() || (c.as_ptr() as usize).is_multiple_of(a.max(1)));
-        if aligned {
-            Ok(ReceivedColumns { columns })
-        } else {
-            Err(columns)
-        }
-    }
-}
-
-/// The memory of one batch: a buffer of the sampler's pool, the columns a
-/// cluster batch arrived in, or a transition sampler's pooled batch.
+/// The memory of one batch: a buffer of the sampler's pool (local and
+/// cluster samplers), or a transition sampler's pooled batch.
 #[derive(Clone, Debug)]
 pub(crate) enum BatchMemory {
     /// One aligned allocation holding every column.
     Pooled(Arc<BatchStorage>),
-    /// One allocation per column.
-    Received(Arc<ReceivedColumns>),
     /// A transition batch's buffers (frames, step columns, per-row
     /// values): its arrays are strided views the transition sampler makes,
     /// not one `[rows, window, *shape]` column each. `address` (of the
@@ -172,9 +148,6 @@ impl BatchMemory {
     pub(crate) fn column_ptr(&self, i: usize) -> Option<*mut u8> {
         match self {
             BatchMemory::Pooled(s) => Some(s.column_ptr(i)),
-            // Only ever read through this pointer while the `Arc` lives
-            // (NumPy arrays and DLPack capsules keep it).
-            BatchMemory::Received(r) => Some(r.columns[i].as_ptr() as *mut u8),
             BatchMemory::Transitions { .. } => None,
         }
     }
@@ -182,7 +155,6 @@ impl BatchMemory {
     fn address(&self) -> usize {
         match self {
             BatchMemory::Pooled(s) => s.address(),
-            BatchMemory::Received(r) => r.columns.first().map_or(0, |c| c.as_ptr() as usize),
             BatchMemory::Transitions { address, .. } => *address,
         }
     }
@@ -190,7 +162,6 @@ impl BatchMemory {
     fn nbytes(&self) -> usize {
         match self {
             BatchMemory::Pooled(s) => s.nbytes(),
-            BatchMemory::Received(r) => r.columns.iter().map(Vec::len).sum(),
             BatchMemory::Transitions { nbytes, .. } => *nbytes,
         }
     }
@@ -199,7 +170,6 @@ impl BatchMemory {
     pub(crate) fn keepalive(&self) -> dlpack::Keepalive {
         match self {
             BatchMemory::Pooled(s) => s.clone(),
-            BatchMemory::Received(r) => r.clone(),
             BatchMemory::Transitions { batch, .. } => batch.clone(),
         }
     }

@@ -10,7 +10,7 @@
 //! batch's data: keeping a batch, an array or a tensor simply makes the
 //! sampler allocate another buffer.
 //!
-//! `memory.rs` holds the buffers (the pool, pooled and received storage,
+//! `memory.rs` holds the buffers (the pool, pooled storage,
 //! the `BatchBuffer` base object, NumPy views over them); `outputs.rs`
 //! checks the caller's arrays a `sample_into` fills; this module is the
 //! `Batch` Python sees, its DLPack exports and the column arrays.
@@ -18,7 +18,7 @@
 mod memory;
 mod outputs;
 
-pub(crate) use memory::{array_view, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ReceivedColumns};
+pub(crate) use memory::{array_view, BatchBuffer, BatchMemory, BatchStorage, BufferPool};
 pub(crate) use outputs::{output_spec, OutputArrays};
 
 use crate::dlpack::{self, DlDevice};
@@ -332,9 +332,8 @@ pub(crate) fn column_arrays<'py>(
         shape.extend(&info.shape);
         let ptr = memory.column_ptr(i).ok_or_else(|| Error::Spec("a transition batch has no column buffers".into()))?;
         // SAFETY: column `i` of the memory holds exactly `shape` elements
-        // of the column's dtype (the sampler's layout sized a pooled
-        // buffer, 64-byte aligned; a received column was checked against
-        // the shape and adopted only if aligned for its dtype); `buffer`
+        // of the column's dtype (the sampler sized the pooled buffer from
+        // the same rows, window and column shapes, 64-byte aligned); `buffer`
         // owns the memory and becomes the array's base, and the sampler
         // touches it again only once no array references it.
         let array = unsafe { array_view(descrs[i].bind(py), &shape, None, ptr, buffer.clone().into_any())? };

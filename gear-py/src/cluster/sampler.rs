@@ -2,14 +2,12 @@
 //! same `Batch` a local sampler gives (plus the shards lost and rejoined).
 
 use super::{keys, Cluster, ClusterSpec};
-use crate::batch::{
-    self, Batch, BatchBuffer, BatchMemory, BatchStorage, ColumnInfo, ReceivedColumns, RowFacts, ShardReport,
-};
+use crate::batch::{self, Batch, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ColumnInfo, RowFacts, ShardReport};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::wait;
 use gear_core::Pad;
-use gear_net::{BatchRows, ClusterBatch, ClusterClient, ClusterSample};
+use gear_net::{BatchRows, ClusterClient, ClusterSample};
 use numpy::PyArrayDescr;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -38,6 +36,9 @@ pub struct ClusterSampler {
     pad: Pad,
     /// The per-row fields `sample_into` fills, reused across batches.
     rows_out: BatchRows,
+    /// The buffers `sample()` decodes batches into, each reused once the
+    /// batch made from it is gone (the ownership rule of `batch`).
+    pool: BufferPool<BatchStorage>,
 }
 
 impl ClusterSampler {
@@ -88,18 +89,39 @@ impl ClusterSampler {
             window: window.len as usize,
             pad: window.pad,
             rows_out: BatchRows::default(),
+            pool: BufferPool::new(),
         })
     }
 
-    /// One batch from the client, waiting (interruptibly) while the cluster
-    /// holds nothing or no shard answers, up to the sampler's timeout.
-    fn draw(&self, py: Python<'_>) -> Result<ClusterBatch> {
+    /// One batch from the client decoded into `storage` (which nothing
+    /// else references), waiting (interruptibly) while the cluster holds
+    /// nothing or no shard answers, up to the sampler's timeout. The call
+    /// runs on a call thread that owns the buffer and the row fields while
+    /// it runs, so Ctrl-C can leave it behind (the buffer goes with it);
+    /// otherwise both come back, and on an error the buffer returns to
+    /// the pool.
+    fn draw_into(&mut self, py: Python<'_>, mut storage: Arc<BatchStorage>) -> Result<Arc<BatchStorage>> {
         let started = Instant::now();
         loop {
             let (client, request) = (self.client.clone(), self.request.clone());
-            match wait::off_thread(py, move || client.sample(&request))? {
-                Err(gear_net::Error::NoShard(why)) => self.wait_for_items(py, why, started)?,
-                answer => return Ok(answer?),
+            let mut rows = std::mem::take(&mut self.rows_out);
+            let (back, rows_back, answer) = wait::off_thread(py, move || {
+                let answer = match Arc::get_mut(&mut storage) {
+                    Some(unique) => client.sample_into(&request, &mut unique.columns_mut(), &mut rows),
+                    None => Err(gear_net::Error::Config("a pooled batch buffer is still shared".into())),
+                };
+                (storage, rows, answer)
+            })?;
+            storage = back;
+            self.rows_out = rows_back;
+            let waited = match answer {
+                Ok(()) => return Ok(storage),
+                Err(gear_net::Error::NoShard(why)) => self.wait_for_items(py, why, started),
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = waited {
+                self.pool.keep(storage);
+                return Err(e);
             }
         }
     }
@@ -128,50 +150,17 @@ impl ClusterSampler {
         }
     }
 
-    fn checked(&self, batch: &ClusterBatch) -> Result<()> {
-        let sizes: Vec<usize> = batch.columns.iter().map(Vec::len).collect();
-        if batch.keys.len() != self.rows || sizes != self.column_bytes {
-            return Err(Error::Net(gear_net::Error::Malformed {
-                shard: 0,
-                what: format!(
-                    "the batch has {} rows and columns of {sizes:?} bytes; expected {} rows and {:?}",
-                    batch.keys.len(),
-                    self.rows,
-                    self.column_bytes
-                ),
-            }));
-        }
-        Ok(())
-    }
-
+    /// One batch into a pooled buffer the batch then owns: decoded there
+    /// straight from the sockets, as `sample_into` does into the caller's
+    /// arrays, so no batch-sized allocation (and its page faults) per call.
     fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
-        let mut drawn = self.draw(py)?;
-        self.checked(&drawn)?;
-        let columns = std::mem::take(&mut drawn.columns);
-        let align: Vec<usize> = self.infos.iter().map(|c| c.dtype.size() as usize).collect();
-        let memory = match ReceivedColumns::adopt(columns, &align) {
-            Ok(received) => BatchMemory::Received(Arc::new(received)),
-            Err(columns) => {
-                // Not aligned for the dtype: one copy into a buffer that is.
-                let mut storage = BatchStorage::new(&self.column_bytes)?;
-                for (dst, src) in storage.columns_mut().into_iter().zip(&columns) {
-                    dst.copy_from_slice(src);
-                }
-                BatchMemory::Pooled(Arc::new(storage))
-            }
-        };
-        let buffer = Bound::new(py, BatchBuffer { memory })?;
+        let column_bytes = &self.column_bytes;
+        let storage = self.pool.take_or(|| BatchStorage::new(column_bytes))?;
+        let storage = self.draw_into(py, storage)?;
+        let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage.clone()) })?;
+        self.pool.keep(storage);
         let arrays = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
-        let rows = BatchRows {
-            keys: drawn.keys,
-            lengths: drawn.lengths,
-            starts: drawn.starts,
-            probabilities: drawn.probabilities,
-            weights: drawn.weights,
-            lost: drawn.lost,
-            rejoined: drawn.rejoined,
-        };
-        self.finish(py, arrays, &rows, Some(buffer.unbind()))
+        self.finish(py, arrays, &self.rows_out, Some(buffer.unbind()))
     }
 
     fn finish(
