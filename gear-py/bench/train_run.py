@@ -414,6 +414,11 @@ class GearCluster:
             self.close()
             raise
         self.cluster = gear.Cluster(addrs, self.token, call_timeout=60.0)
+        # The learner's priority updates go over connections of their own,
+        # as a Reverb learner's do (`reverb.Client` beside its dataset's
+        # sampler streams): on the sampling connections each small update
+        # reply queued behind megabytes of windows.
+        self.updates = gear.Cluster(addrs, self.token, call_timeout=60.0)
         self.roles = {p.pid: "server" for p in self.procs}
 
     def actor_handle(self) -> Any:
@@ -427,7 +432,7 @@ class GearCluster:
         # the next batch while the learner's process receives this one.
         samplers = [self.cluster.sampler(batch, self.spec.window, random_start=True, timeout=60.0)
                     for _ in range(self.SAMPLE_CALLS_IN_FLIGHT)]
-        return GearSource(samplers, self.cluster.update_priorities)
+        return GearSource(samplers, self.updates.update_priorities)
 
     def close(self) -> None:
         for p in self.procs:
