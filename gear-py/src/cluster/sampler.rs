@@ -2,7 +2,9 @@
 //! same `Batch` a local sampler gives (plus the shards lost and rejoined).
 
 use super::{keys, Cluster, ClusterSpec};
-use crate::batch::{self, Batch, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ColumnInfo, RowFacts, ShardReport};
+use crate::batch::{
+    self, Batch, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ColumnInfo, RowFacts, ShardReport,
+};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::wait;
