@@ -82,30 +82,46 @@ def test_streamed_trajectories_and_batches_every_row_checked(local_cluster):
 
 
 def test_kept_batches_stay_exact_while_the_sampler_reuses_its_buffers(local_cluster):
-    """sample() decodes into buffers the sampler pools: a batch (or an array
-    of it) kept while later ones are drawn never changes, and buffers of
-    batches that are gone are reused rather than allocated afresh."""
+    """sample() decodes into buffers the sampler pools: the buffer of a
+    batch that is gone is reused, and a batch (or an array of it) kept
+    while later ones are drawn never changes."""
     lc = local_cluster()
     cluster = gear.Cluster(lc.addrs, TOKEN)
     for tid in range(24):
         write(cluster, tid, 1 + tid % MAX_LEN)
     sampler = cluster.sampler(16, window=6)
-    kept = [sampler.sample() for _ in range(3)]
-    copies = [{c: b[c].copy() for c in ("id", "t", "obs")} for b in kept]
-    obs_only = sampler.sample()["obs"]
-    obs_copy = obs_only.copy()
     addresses = set()
-    for _ in range(12):
+    for _ in range(6):
         b = sampler.sample()
         check_rows(b)
         addresses.add(b["obs"].__array_interface__["data"][0])
         del b
+    assert len(addresses) == 1, addresses
+    kept = [sampler.sample() for _ in range(3)]
+    copies = [{c: b[c].copy() for c in ("id", "t", "obs")} for b in kept]
+    obs_only = sampler.sample()["obs"]
+    obs_copy = obs_only.copy()
+    for _ in range(12):
+        check_rows(sampler.sample())
     for b, want in zip(kept, copies):
         check_rows(b)
         assert all(np.array_equal(b[c], want[c]) for c in want)
     assert np.array_equal(obs_only, obs_copy)
-    # Twelve batches, each dropped before the next: one buffer went round.
-    assert len(addresses) <= 2, addresses
+
+
+def test_oversized_batches_are_refused_when_the_sampler_is_made(local_cluster):
+    """Too many rows, or more bytes than one message may carry, fail at
+    `sampler(...)`, naming the limit, before any buffer is sized."""
+    lc = local_cluster()
+    cluster = gear.Cluster(lc.addrs, TOKEN)
+    started = time.monotonic()
+    for rows in (3 * 10**7, 2**62):
+        with pytest.raises(gear.SpecError, match="between 1 and 1048576 may be asked for"):
+            cluster.sampler(rows, window=6)
+    # 2^20 rows of 16 steps of 60 bytes: about 1 GB, over the message limit.
+    with pytest.raises(gear.SpecError, match="message limit"):
+        cluster.sampler(2**20, window=16)
+    assert time.monotonic() - started < 5
 
 
 def test_insert_batch_to_each_target_and_windows(local_cluster):

@@ -62,6 +62,15 @@ impl ClusterSampler {
         if batch_size == 0 {
             return Err(Error::Spec("batch_size must be at least 1".into()));
         }
+        // The client refuses these too, but only once a batch is asked
+        // for: checked here, before `sample()` sizes a buffer for it.
+        if request.rows > gear_net::convert::MAX_SAMPLE_ROWS {
+            return Err(Error::Spec(format!(
+                "a batch of {} rows; between 1 and {} may be asked for",
+                request.rows,
+                gear_net::convert::MAX_SAMPLE_ROWS
+            )));
+        }
         if request.columns.is_empty() {
             request.columns = batch::names(&spec.infos);
         }
@@ -78,7 +87,19 @@ impl ClusterSampler {
         for c in &infos {
             descrs.push(dtype::numpy_descr(py, c.dtype)?.unbind());
             let step: usize = c.shape.iter().product::<usize>() * c.dtype.size() as usize;
-            column_bytes.push(batch_size * window.len as usize * step);
+            let bytes = usize::try_from(window.len).ok().and_then(|w| batch_size.checked_mul(w)?.checked_mul(step));
+            column_bytes
+                .push(bytes.ok_or_else(|| Error::Spec(format!("column `{}`: a batch's bytes overflow", c.name)))?);
+        }
+        let limit = cluster.client().as_async().config().max_message_bytes;
+        let total = column_bytes.iter().try_fold(0usize, |sum, &b| sum.checked_add(b));
+        if total.is_none_or(|t| t > limit) {
+            return Err(Error::Spec(format!(
+                "a batch of {batch_size} rows of {window_len} steps is {} bytes, over the cluster's message limit of \
+                 {limit} bytes; ask for fewer rows",
+                total.map_or_else(|| "more than usize::MAX".to_owned(), |t| t.to_string()),
+                window_len = window.len,
+            )));
         }
         Ok(ClusterSampler {
             client: cluster.client().clone(),
