@@ -219,8 +219,10 @@ impl Writer {
             if p.len() != count {
                 return Err(Error::Trajectory(format!("{} priorities given for {count} trajectories", p.len())));
             }
-            for &p in p {
-                check_priority(p)?;
+            if !gear_core::all_priorities_valid(p) {
+                for &p in p {
+                    check_priority(p)?;
+                }
             }
         }
         let sh = &self.table.shared;

@@ -103,6 +103,41 @@ fn a_batch_round_trips_every_trajectory_in_order() {
     assert_eq!(seen.len(), 5, "every trajectory is sampled: {seen:?}");
 }
 
+/// A free list whose entry part way through a batch names a slot that is
+/// not free (another process's memory scribbled on, or a bug): the batch
+/// stops taking slots from the list there, the list is rebuilt from the
+/// slot records, and every trajectory still lands in a slot of its own,
+/// with no slot lost.
+#[test]
+fn a_free_list_entry_naming_a_taken_slot_part_way_through_a_batch_is_repaired() {
+    use std::os::unix::fs::FileExt;
+    let name = format!("gear-batched-free-list-{}", std::process::id());
+    let table = ReplayTable::builder(spec(16)).shared_memory(&name).seed(5).build().unwrap();
+    let first = table.writer().insert_batch(2, 3, &Batch::new(0..2, 3).values(), None).unwrap();
+    // Slots 0 and 1 are taken; the list pops slots 2, 3, 4, ... from its
+    // end. Make the fourth pop name slot 0.
+    let rl = gear_core::RegionLayout::for_spec(table.spec()).unwrap();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(format!("/dev/shm/{name}")).unwrap();
+    let free_len = 14u64;
+    let entry = rl.free_offset + 4 * (free_len - 4);
+    let mut b = [0u8; 4];
+    file.read_exact_at(&mut b, entry).unwrap();
+    assert_eq!(u32::from_ne_bytes(b), 5, "the list pops slots in order");
+    file.write_all_at(&0u32.to_ne_bytes(), entry).unwrap();
+    let keys = table.writer().insert_batch(10, 3, &Batch::new(2..12, 3).values(), None).unwrap();
+    let mut slots: Vec<u32> = first.iter().chain(&keys).map(|k| k.slot).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 12, "every trajectory in a slot of its own: {first:?} {keys:?}");
+    let info = table.info().unwrap();
+    assert_eq!((info.size, info.slots.committed, info.slots.free, info.slots.writing), (12, 12, 4, 0));
+    let ids: HashMap<SlotKey, u8> = first.iter().chain(&keys).copied().zip(0..12).collect();
+    let seen = check_rows(&table, &ids, 3, 600);
+    assert_eq!(seen.len(), 12, "every trajectory is sampled, with its own bytes: {seen:?}");
+    drop(table);
+    let _ = std::fs::remove_file(format!("/dev/shm/{name}"));
+}
+
 #[test]
 fn no_priorities_lets_the_strategy_choose_and_one_step_items_work() {
     let table = ReplayTable::builder(spec(64))

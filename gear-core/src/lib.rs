@@ -58,7 +58,10 @@ pub use layout::Layout;
 pub use memory::{HeapRegion, MemoryKind, MemoryRegion};
 pub use region::{RegionLayout, TableRegion, TableView};
 pub use rng::{RandomSource, Xoshiro256};
-pub use select::{check_batch_priorities, check_priority, Sampled, SelectionMass, SelectionRule, Selector};
+pub use select::{
+    all_priorities_valid, check_batch_priorities, check_priority, checked_batch_priorities, BatchPriorities, Sampled,
+    SelectionMass, SelectionRule, Selector,
+};
 pub use slot::{SlotKey, SlotMeta, SlotRecord, SlotState, ITEM_KEY_BIT};
 pub use spec::{ColumnSpec, TableSpec};
 pub use transport::{

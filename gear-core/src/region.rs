@@ -448,27 +448,41 @@ impl<R: MemoryRegion> TableRegion<R> {
             }
             plan.push((bytes.as_ptr(), per, self.layout.offset(0, c, 0) as usize));
         }
+        // The keys up to the first that is not current and `Writing`, whose
+        // records exist: those are written and published.
+        let mut records = Vec::with_capacity(keys.len());
+        let mut refused = None;
+        for &key in keys {
+            match self.slot(key.slot).and_then(|rec| rec.check(key, SlotState::Writing, "append steps").map(|()| rec)) {
+                Ok(rec) => records.push(rec),
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
         let data = self.data_ptr().as_ptr();
         let stride = self.layout.slot_stride() as usize;
-        for (i, &key) in (first..).zip(keys) {
-            let rec = self.slot(key.slot)?;
-            rec.check(key, SlotState::Writing, "append steps")?;
-            let slot = key.slot as usize * stride;
-            for &(src, per, base) in &plan {
+        // Column by column: each column's copies have one size, so the
+        // size dispatch of `copy_bytes` is predicted for the whole batch.
+        for &(src, per, base) in &plan {
+            for (i, &key) in (first..).zip(&keys[..records.len()]) {
                 // SAFETY: `i < first + keys.len()` and `(first + keys.len())
                 // * per <= bytes.len()` (checked above), so the source range
                 // is inside the column's bytes; the destination, steps
-                // `0..steps <= T` of a column of a slot `< capacity` (the
+                // `0..steps <= T` of a column of a slot `< capacity` (its
                 // record lookup checked it), lies inside the data area. The
                 // slot is `Writing` and ours, as in `write_steps`; readers
                 // follow the seqlock protocol.
-                unsafe { crate::copy::copy_bytes(src.add(i * per), data.add(slot + base), per) };
+                unsafe { crate::copy::copy_bytes(src.add(i * per), data.add(key.slot as usize * stride + base), per) };
             }
-            // Checked current and `Writing` just above, and ours: only
-            // this writer changes the slot's state while it writes.
+        }
+        for rec in records {
+            // Checked current and `Writing` above, and ours: only this
+            // writer changes the slot's state while it writes.
             rec.publish_len_of_own(steps);
         }
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     /// Lets `fill` write `bytes` bytes (whole steps) of one column of a slot

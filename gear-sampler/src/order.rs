@@ -6,7 +6,10 @@
 //! pointers and objects") keeps insert, remove and each step of a walk O(1)
 //! with no allocation after `prepare`.
 
-use gear_core::{check_batch_priorities, check_priority, Error, RandomSource, Result, Sampled, Selector, SlotKey};
+use gear_core::{
+    check_batch_priorities, check_priority, checked_batch_priorities, Error, RandomSource, Result, Sampled, Selector,
+    SlotKey,
+};
 
 use crate::keys::{check_capacity, filled, reserve_draws, SlotKeys, NONE};
 
@@ -45,15 +48,7 @@ impl InsertionList {
     fn insert(&mut self, key: SlotKey, priority: Option<f64>, who: &str) -> Result<f64> {
         self.keys.check_insert(key, who)?;
         let p = check_priority(priority.unwrap_or(1.0))?;
-        self.keys.mark(key);
-        let s = key.slot;
-        self.prev[s as usize] = self.tail;
-        self.next[s as usize] = NONE;
-        match self.tail {
-            NONE => self.head = s,
-            t => self.next[t as usize] = s,
-        }
-        self.tail = s;
+        self.link_newest(key);
         Ok(p)
     }
 
@@ -68,21 +63,39 @@ impl InsertionList {
     ) -> Result<()> {
         check_batch_priorities(keys, priorities)?;
         recorded.reserve(keys.len());
+        if let Some(checked) = checked_batch_priorities(priorities) {
+            for (i, &key) in keys.iter().enumerate() {
+                if let Err(e) = self.keys.check_insert(key, who) {
+                    checked.record(i, recorded);
+                    return Err(e);
+                }
+                self.link_newest(key);
+            }
+            checked.record(keys.len(), recorded);
+            return Ok(());
+        }
         for (i, &key) in keys.iter().enumerate() {
             self.keys.check_insert(key, who)?;
             let p = check_priority(priorities.and_then(|p| p.get(i).copied()).unwrap_or(1.0))?;
-            self.keys.mark(key);
-            let s = key.slot;
-            self.prev[s as usize] = self.tail;
-            self.next[s as usize] = NONE;
-            match self.tail {
-                NONE => self.head = s,
-                t => self.next[t as usize] = s,
-            }
-            self.tail = s;
+            self.link_newest(key);
             recorded.push(p);
         }
         Ok(())
+    }
+
+    /// Marks `key` held and links it in as the newest. Call after
+    /// [`SlotKeys::check_insert`].
+    #[inline]
+    fn link_newest(&mut self, key: SlotKey) {
+        self.keys.mark(key);
+        let s = key.slot;
+        self.prev[s as usize] = self.tail;
+        self.next[s as usize] = NONE;
+        match self.tail {
+            NONE => self.head = s,
+            t => self.next[t as usize] = s,
+        }
+        self.tail = s;
     }
 
     fn update(&mut self, key: SlotKey, priority: f64, who: &str) -> Result<()> {

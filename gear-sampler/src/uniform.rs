@@ -5,7 +5,8 @@
 //! Reverb's `UniformSelector` and of most replay buffers.
 
 use gear_core::{
-    check_batch_priorities, check_priority, Error, RandomSource, Result, Sampled, SelectionRule, Selector, SlotKey,
+    check_batch_priorities, check_priority, checked_batch_priorities, Error, RandomSource, Result, Sampled,
+    SelectionRule, Selector, SlotKey,
 };
 
 use crate::keys::{check_capacity, reserve_draws, DenseKeys};
@@ -59,6 +60,17 @@ impl Selector for Uniform {
     fn insert_batch(&mut self, keys: &[SlotKey], priorities: Option<&[f64]>, recorded: &mut Vec<f64>) -> Result<()> {
         check_batch_priorities(keys, priorities)?;
         recorded.reserve(keys.len());
+        if let Some(checked) = checked_batch_priorities(priorities) {
+            for (i, &key) in keys.iter().enumerate() {
+                if let Err(e) = self.members.check_insert(key, NAME) {
+                    checked.record(i, recorded);
+                    return Err(e);
+                }
+                self.members.insert(key, ());
+            }
+            checked.record(keys.len(), recorded);
+            return Ok(());
+        }
         for (i, &key) in keys.iter().enumerate() {
             self.members.check_insert(key, NAME)?;
             let p = check_priority(priorities.and_then(|p| p.get(i).copied()).unwrap_or(1.0))?;

@@ -263,7 +263,8 @@ fn prepare_and_capacity_edges() {
 /// `insert_batch` leaves every strategy as inserting the keys one by one
 /// does (same recorded priorities, same draws or order), with given and
 /// default priorities; a refused key part way keeps the keys before it
-/// and nothing after; a priority count that does not match is refused
+/// and nothing after, as does a refused priority; a priority count that
+/// does not match is refused
 /// before anything changes.
 #[test]
 fn insert_batch_equals_inserting_one_by_one() {
@@ -286,6 +287,20 @@ fn insert_batch_equals_inserting_one_by_one() {
         assert_eq!(recorded.len(), 5, "{name}: the keys before the refused one stay");
         for &k in &second[..5] {
             single.insert(k, None).unwrap();
+        }
+        // A priority refused part way (NaN, then below zero): the keys
+        // before it stay, with the priorities given.
+        for bad in [f64::NAN, -1.0, f64::INFINITY] {
+            recorded.clear();
+            let keys = [key(42, 1), key(43, 1), key(44, 1)];
+            let refused = batched.insert_batch(&keys, Some(&[2.0, 3.0, bad]), &mut recorded);
+            assert!(matches!(refused, Err(Error::InvalidPriority(_))), "{name}: {bad}: {refused:?}");
+            assert_eq!(
+                recorded,
+                [single.insert(keys[0], Some(2.0)).unwrap(), single.insert(keys[1], Some(3.0)).unwrap()]
+            );
+            batched.remove_batch(&keys[..2]).unwrap();
+            single.remove_batch(&keys[..2]).unwrap();
         }
         let short = batched.insert_batch(&[key(40, 1), key(41, 1)], Some(&[1.0]), &mut recorded);
         assert!(matches!(short, Err(Error::Selection(_))), "{name}: {short:?}");

@@ -63,7 +63,8 @@ impl ReplayTable {
         let mut keys = Vec::with_capacity(count);
         self.make_room(&mut l, count)?;
         keys.push(self.take_slot(&mut l, priority(0), 0)?);
-        for i in 1..count {
+        self.take_free_slots(&l, count, &priority, &mut keys);
+        for i in keys.len()..count {
             let ctl = l.sh.region.control();
             let room = ctl.free_len.load(Ordering::Relaxed) > 0 || !l.local.remover.is_empty();
             // Without room, the next slot must come from this batch's own
@@ -83,6 +84,40 @@ impl ReplayTable {
             }
         }
         Ok(keys)
+    }
+
+    /// Takes free slots for the rest of a batch (`keys.len()..count`)
+    /// straight off the free list, with the control block's counters read
+    /// and stored once: what `take_slot` does per row when a slot is free,
+    /// for a table whose rate limiter never holds writers back. Stops at
+    /// the first list entry that is not a free slot, leaving it to
+    /// `take_slot` (which rebuilds a corrupted list). A process killed part
+    /// way leaves counters that disagree with the records: the next lock
+    /// holder rebuilds them from the records, as after any death under the
+    /// lock.
+    fn take_free_slots(&self, l: &Locked<'_>, count: usize, priority: &impl Fn(usize) -> f64, keys: &mut Vec<SlotKey>) {
+        let (sh, ctl) = (l.sh, l.ctl());
+        if sh.limiter_config.max_diff != f64::INFINITY || ctl.closed.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let mut free = ctl.free_len.load(Ordering::Relaxed);
+        if free > self.spec().capacity() {
+            return;
+        }
+        let (list, slots) = (sh.region.free_list(), sh.region.slots());
+        let (token, first_seq) = (u64::from(sh.lease.token()), ctl.next_seq.load(Ordering::Relaxed));
+        let mut seq = first_seq;
+        while keys.len() < count && free > 0 {
+            let slot = list[(free - 1) as usize].load(Ordering::Relaxed);
+            let Some(rec) = slots.get(slot as usize) else { break };
+            let Ok(key) = rec.begin_write(slot, token, seq, priority(keys.len())) else { break };
+            keys.push(key);
+            free -= 1;
+            seq = seq.wrapping_add(1);
+        }
+        ctl.free_len.store(free, Ordering::Relaxed);
+        ctl.next_seq.store(seq, Ordering::Relaxed);
+        add(&ctl.pending_inserts, seq.wrapping_sub(first_seq));
     }
 
     /// Hands out a slot in `Writing` state to a writer the rate limiter
