@@ -62,15 +62,6 @@ impl ClusterSampler {
         if batch_size == 0 {
             return Err(Error::Spec("batch_size must be at least 1".into()));
         }
-        // The client refuses these too, but only once a batch is asked
-        // for: checked here, before `sample()` sizes a buffer for it.
-        if request.rows > gear_net::convert::MAX_SAMPLE_ROWS {
-            return Err(Error::Spec(format!(
-                "a batch of {} rows; between 1 and {} may be asked for",
-                request.rows,
-                gear_net::convert::MAX_SAMPLE_ROWS
-            )));
-        }
         if request.columns.is_empty() {
             request.columns = batch::names(&spec.infos);
         }
@@ -83,24 +74,15 @@ impl ClusterSampler {
             infos.push(info.clone());
         }
         let mut descrs = Vec::with_capacity(infos.len());
-        let mut column_bytes = Vec::with_capacity(infos.len());
         for c in &infos {
             descrs.push(dtype::numpy_descr(py, c.dtype)?.unbind());
-            let step: usize = c.shape.iter().product::<usize>() * c.dtype.size() as usize;
-            let bytes = usize::try_from(window.len).ok().and_then(|w| batch_size.checked_mul(w)?.checked_mul(step));
-            column_bytes
-                .push(bytes.ok_or_else(|| Error::Spec(format!("column `{}`: a batch's bytes overflow", c.name)))?);
         }
-        let limit = cluster.client().as_async().config().max_message_bytes;
-        let total = column_bytes.iter().try_fold(0usize, |sum, &b| sum.checked_add(b));
-        if total.is_none_or(|t| t > limit) {
-            return Err(Error::Spec(format!(
-                "a batch of {batch_size} rows of {window_len} steps is {} bytes, over the cluster's message limit of \
-                 {limit} bytes; ask for fewer rows",
-                total.map_or_else(|| "more than usize::MAX".to_owned(), |t| t.to_string()),
-                window_len = window.len,
-            )));
-        }
+        // The client's own check of a request (rows, window, columns, the
+        // message limit), before `sample()` sizes a buffer from it: a batch
+        // of 3e7 rows would otherwise be zeroed (10 GB) before the client
+        // refused it.
+        let (client, asked) = (cluster.client().clone(), request.clone());
+        let column_bytes = wait::off_thread(py, move || client.column_bytes(&asked))??;
         Ok(ClusterSampler {
             client: cluster.client().clone(),
             request,
