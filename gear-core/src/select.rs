@@ -256,9 +256,10 @@ pub fn check_batch_priorities(keys: &[SlotKey], priorities: Option<&[f64]>) -> R
     }
 }
 
-/// The priorities a batch insert records for its first `n` keys when none
-/// is refused: those given, or 1.0 each when none were given (the
-/// priority strategies that ignore priorities record). `None` when one of
+/// For strategies whose draws ignore priorities (uniform, insertion
+/// order): what a batch insert records for its first `n` keys when none
+/// is refused, the priorities given or 1.0 each when none were given (the
+/// 1.0 those strategies record for `None`). `None` when one of
 /// the given priorities is not finite and non-negative: the strategy then
 /// inserts key by key and stops at it, as [`Selector::insert_batch`] says.
 /// One pass over the batch instead of a check per key inside the insert

@@ -497,6 +497,9 @@ def test_ctrl_c_interrupts_a_waiting_cluster_sample(local_cluster):
     lc = local_cluster(shards=1)
     code = f"""
 import signal, threading, time, os, gear
+# Started in the background of a non-interactive shell, the suite's
+# children inherit SIGINT ignored (as test_waits' Ctrl-C child says).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 cluster = gear.Cluster({lc.addrs!r}, {TOKEN!r})
 sampler = cluster.sampler(4, window=2, timeout=None)
 threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
