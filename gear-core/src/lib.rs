@@ -59,7 +59,7 @@ pub use memory::{HeapRegion, MemoryKind, MemoryRegion};
 pub use region::{RegionLayout, TableRegion, TableView};
 pub use rng::{RandomSource, Xoshiro256};
 pub use select::{
-    all_priorities_valid, check_batch_priorities, check_priority, checked_batch_priorities, BatchPriorities, Sampled,
+    all_priorities_valid, check_batch_priorities, check_priority, insert_batch_ignoring_priorities, Sampled,
     SelectionMass, SelectionRule, Selector,
 };
 pub use slot::{SlotKey, SlotMeta, SlotRecord, SlotState, ITEM_KEY_BIT};

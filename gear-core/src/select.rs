@@ -256,42 +256,50 @@ pub fn check_batch_priorities(keys: &[SlotKey], priorities: Option<&[f64]>) -> R
     }
 }
 
-/// For strategies whose draws ignore priorities (uniform, insertion
-/// order): what a batch insert records for its first `n` keys when none
-/// is refused, the priorities given or 1.0 each when none were given (the
-/// 1.0 those strategies record for `None`). `None` when one of
-/// the given priorities is not finite and non-negative: the strategy then
-/// inserts key by key and stops at it, as [`Selector::insert_batch`] says.
-/// One pass over the batch instead of a check per key inside the insert
-/// loop, which a batch of small inserts pays for twice (the sampler's and
-/// the remover's).
-pub fn checked_batch_priorities(priorities: Option<&[f64]>) -> Option<BatchPriorities<'_>> {
-    match priorities {
-        None => Some(BatchPriorities(None)),
-        Some(p) => all_priorities_valid(p).then_some(BatchPriorities(Some(p))),
+/// [`Selector::insert_batch`] for strategies whose draws ignore
+/// priorities (uniform, insertion order), which record the priority given
+/// or 1.0: checks the priority count, then calls `insert` for each key in
+/// order (it refuses a key with an error, changing nothing for it) and
+/// appends the recorded priorities. The priorities are checked in one
+/// branch-free pass before the loop, not per key inside it (a check per
+/// key, paid twice per small insert, the sampler's and the remover's, was
+/// a tenth of its instructions). On an error the keys before the failing
+/// one stay inserted with their priorities recorded: a refused key, or the
+/// first invalid priority (reported before its key is looked at).
+pub fn insert_batch_ignoring_priorities(
+    keys: &[SlotKey],
+    priorities: Option<&[f64]>,
+    recorded: &mut Vec<f64>,
+    mut insert: impl FnMut(SlotKey) -> Result<()>,
+) -> Result<()> {
+    check_batch_priorities(keys, priorities)?;
+    let valid = match priorities {
+        Some(p) if !all_priorities_valid(p) => p.iter().position(|&p| check_priority(p).is_err()).unwrap_or(p.len()),
+        _ => keys.len(),
+    };
+    let record = |n: usize, recorded: &mut Vec<f64>| match priorities {
+        Some(p) => recorded.extend_from_slice(&p[..n]),
+        None => recorded.resize(recorded.len() + n, 1.0),
+    };
+    for (i, &key) in keys[..valid].iter().enumerate() {
+        if let Err(e) = insert(key) {
+            record(i, recorded);
+            return Err(e);
+        }
+    }
+    record(valid, recorded);
+    match priorities.and_then(|p| p.get(valid)) {
+        Some(&bad) => check_priority(bad).map(|_| ()),
+        None => Ok(()),
     }
 }
 
 /// Whether every priority is finite and non-negative, as
 /// [`check_priority`] would say of each: `0 <= p <= f64::MAX` (a NaN fails
 /// both), without a branch per priority, so that the compiler vectorises
-/// it (a check per key was a tenth of a small insert's instructions).
+/// it.
 pub fn all_priorities_valid(priorities: &[f64]) -> bool {
     priorities.iter().fold(true, |ok, p| ok & (0.0..=f64::MAX).contains(p))
-}
-
-/// A batch's priorities, every one checked by [`checked_batch_priorities`].
-#[derive(Clone, Copy, Debug)]
-pub struct BatchPriorities<'a>(Option<&'a [f64]>);
-
-impl BatchPriorities<'_> {
-    /// Appends the recorded priorities of the batch's first `n` keys.
-    pub fn record(self, n: usize, recorded: &mut Vec<f64>) {
-        match self.0 {
-            Some(p) => recorded.extend_from_slice(&p[..n.min(p.len())]),
-            None => recorded.resize(recorded.len() + n, 1.0),
-        }
-    }
 }
 
 /// Checks that a priority is finite and non-negative.

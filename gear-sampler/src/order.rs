@@ -7,8 +7,7 @@
 //! with no allocation after `prepare`.
 
 use gear_core::{
-    check_batch_priorities, check_priority, checked_batch_priorities, Error, RandomSource, Result, Sampled, Selector,
-    SlotKey,
+    check_priority, insert_batch_ignoring_priorities, Error, RandomSource, Result, Sampled, Selector, SlotKey,
 };
 
 use crate::keys::{check_capacity, filled, reserve_draws, SlotKeys, NONE};
@@ -61,26 +60,11 @@ impl InsertionList {
         recorded: &mut Vec<f64>,
         who: &str,
     ) -> Result<()> {
-        check_batch_priorities(keys, priorities)?;
-        recorded.reserve(keys.len());
-        if let Some(checked) = checked_batch_priorities(priorities) {
-            for (i, &key) in keys.iter().enumerate() {
-                if let Err(e) = self.keys.check_insert(key, who) {
-                    checked.record(i, recorded);
-                    return Err(e);
-                }
-                self.link_newest(key);
-            }
-            checked.record(keys.len(), recorded);
-            return Ok(());
-        }
-        for (i, &key) in keys.iter().enumerate() {
+        insert_batch_ignoring_priorities(keys, priorities, recorded, |key| {
             self.keys.check_insert(key, who)?;
-            let p = check_priority(priorities.and_then(|p| p.get(i).copied()).unwrap_or(1.0))?;
             self.link_newest(key);
-            recorded.push(p);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Marks `key` held and links it in as the newest. Call after

@@ -5,8 +5,8 @@
 //! Reverb's `UniformSelector` and of most replay buffers.
 
 use gear_core::{
-    check_batch_priorities, check_priority, checked_batch_priorities, Error, RandomSource, Result, Sampled,
-    SelectionRule, Selector, SlotKey,
+    check_priority, insert_batch_ignoring_priorities, Error, RandomSource, Result, Sampled, SelectionRule, Selector,
+    SlotKey,
 };
 
 use crate::keys::{check_capacity, reserve_draws, DenseKeys};
@@ -58,26 +58,11 @@ impl Selector for Uniform {
 
     /// [`Selector::insert`] of each key in order, in one loop.
     fn insert_batch(&mut self, keys: &[SlotKey], priorities: Option<&[f64]>, recorded: &mut Vec<f64>) -> Result<()> {
-        check_batch_priorities(keys, priorities)?;
-        recorded.reserve(keys.len());
-        if let Some(checked) = checked_batch_priorities(priorities) {
-            for (i, &key) in keys.iter().enumerate() {
-                if let Err(e) = self.members.check_insert(key, NAME) {
-                    checked.record(i, recorded);
-                    return Err(e);
-                }
-                self.members.insert(key, ());
-            }
-            checked.record(keys.len(), recorded);
-            return Ok(());
-        }
-        for (i, &key) in keys.iter().enumerate() {
+        insert_batch_ignoring_priorities(keys, priorities, recorded, |key| {
             self.members.check_insert(key, NAME)?;
-            let p = check_priority(priorities.and_then(|p| p.get(i).copied()).unwrap_or(1.0))?;
             self.members.insert(key, ());
-            recorded.push(p);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Checks the key and the priority; the draw ignores priorities.
