@@ -484,6 +484,14 @@ fn sample_with_a_timeout_waits_while_the_table_is_emptied_and_refilled() {
                 std::thread::yield_now();
                 t.append_step(&step()).unwrap();
                 t.end().unwrap();
+                // Each trajectory stays committed for a moment, as between
+                // a real writer's episodes. Without the pause the next
+                // `begin` evicts it a few hundred nanoseconds after the
+                // commit, before a sampler woken by that commit can take
+                // the lock: with thin LTO and two busy threads beside the
+                // test (a release build on 2 cores), a redraw then waited
+                // out its whole 10 s for a table that was never seen full.
+                std::thread::sleep(Duration::from_micros(200));
             }
         });
         let mut sampler =
