@@ -621,8 +621,10 @@ fn a_writer_killed_after_adding_items_keeps_exactly_those_and_no_dangling_one() 
     let table = item_table(&name, 16, 2);
     let mut child = spawn("item-hang-writer", &name, 103);
     let traj = wait_ready(&mut child);
-    kill(&mut child);
+    // Counted while the writer lives: once it is dead, any call that takes
+    // the lock may reclaim its slot (the background slice).
     assert_eq!(table.info().unwrap().size, 0, "pending items are not selectable");
+    kill(&mut child);
     assert_eq!(table.reclaim_dead().unwrap(), 1);
     let items = table.items_of(traj).unwrap();
     assert_eq!(items.iter().map(|i| (i.start, i.len, i.priority)).collect::<Vec<_>>()[0], (0, 2, 3.0));

@@ -370,9 +370,13 @@ impl ReplayTable {
     /// Reclaims the slots of writers (and samplers) that died: a dead
     /// writer's published steps are committed as a shorter trajectory, or
     /// its slot freed if it published none. Runs on its own from time to
-    /// time; call it to force a scan. Returns the slots reclaimed.
+    /// time; call it to force a scan. Returns the slots reclaimed by this
+    /// call, those the background reclamation freed while it took the
+    /// table's lock included.
     pub fn reclaim_dead(&self) -> Result<u64> {
-        self.shared.lock(None)?.reap(0..self.spec().capacity())
+        let mut l = self.shared.lock(None)?;
+        let on_lock = l.reaped_on_lock;
+        Ok(on_lock + l.reap(0..self.spec().capacity())?)
     }
 
     /// The sampling strategy's mass (total and smallest positive), with

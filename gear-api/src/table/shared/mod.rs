@@ -277,15 +277,17 @@ impl Shared {
     /// what a dead lock holder left and applying the log; reclaims a slice
     /// of dead writers' slots when it is time.
     pub(super) fn write_in_step<'a>(&'a self, guard: TableLockGuard<'a>, state: LockState) -> Result<Locked<'a>> {
-        let mut l = Locked { sh: self, guard, local: self.local.write(), reap_checked: false };
+        let mut l = Locked { sh: self, guard, local: self.local.write(), reap_checked: false, reaped_on_lock: 0 };
+        let mut reaped = 0;
         if state == LockState::OwnerDied {
             l.repair();
             // Writers (and the holder itself) may have died with it.
-            l.reap(0..self.region.spec().capacity())?;
+            reaped += l.reap(0..self.region.spec().capacity())?;
         }
         l.sync();
         l.give_back_deferred();
-        l.maybe_reap_slice()?;
+        reaped += l.maybe_reap_slice()?;
+        l.reaped_on_lock = reaped;
         Ok(l)
     }
 
@@ -369,6 +371,10 @@ pub(super) struct Locked<'a> {
     /// Whether [`Locked::maybe_reap`] already looked at the clock during
     /// this hold: a batch taking many slots asks once, not once a slot.
     reap_checked: bool,
+    /// Slots of dead processes reclaimed while this hold was taken (the
+    /// repair after a dead holder, the background slice), so that
+    /// `reclaim_dead` can count them as its own.
+    pub(super) reaped_on_lock: u64,
 }
 
 /// Adds to a guarded counter (wrapping: a corrupted value must not panic).

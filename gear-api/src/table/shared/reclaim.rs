@@ -201,17 +201,17 @@ impl Locked<'_> {
     /// table: every [`REAP_SLICE_INTERVAL`](super::REAP_SLICE_INTERVAL), the
     /// next [`REAP_SLICE`] slots, so a table nobody calls `reclaim_dead` on
     /// still gets its dead writers' slots back, at a cost that does not
-    /// grow with capacity.
-    pub(in crate::table) fn maybe_reap_slice(&mut self) -> Result<()> {
+    /// grow with capacity. Returns the slots it reclaimed.
+    pub(in crate::table) fn maybe_reap_slice(&mut self) -> Result<u64> {
         let sh = self.sh;
         if !sh.reap_slice_due() {
-            return Ok(());
+            return Ok(0);
         }
         sh.last_slice_ms.store(sh.now_ms(), Ordering::Relaxed);
         let capacity = sh.region.spec().capacity();
         let start = sh.reap_cursor.load(Ordering::Relaxed) % capacity;
         let end = (start + REAP_SLICE).min(capacity);
         sh.reap_cursor.store(if end == capacity { 0 } else { end }, Ordering::Relaxed);
-        self.reap(start..end).map(|_| ())
+        self.reap(start..end)
     }
 }
