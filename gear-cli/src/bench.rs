@@ -159,17 +159,31 @@ struct Trajectories {
     priorities: Vec<f64>,
 }
 
+/// Most bytes the bench stages for one insert call: an absurd
+/// `--insert-batch` is refused with an error, not an allocation abort.
+const MAX_STAGED_BYTES: u64 = 1 << 30;
+
 impl Trajectories {
-    fn new(steps: u64, step_bytes: u64, batch: u64) -> Self {
+    /// The data for calls of `batch` trajectories (at most `count`, the
+    /// trajectories that will be inserted).
+    fn new(steps: u64, step_bytes: u64, batch: u64, count: u64) -> Result<Self> {
+        let batch = batch.min(count).max(1);
+        let staged = steps.checked_mul(batch).and_then(|n| n.checked_mul(step_bytes.saturating_add(8)));
+        if staged.is_none_or(|b| b > MAX_STAGED_BYTES) {
+            return Err(Error::Config(format!(
+                "--insert-batch {batch} of {steps}-step trajectories of {step_bytes}-byte steps would stage more than \
+                 {MAX_STAGED_BYTES} bytes per call; use a smaller --insert-batch"
+            )));
+        }
         let n = (steps * batch) as usize;
-        Trajectories {
+        Ok(Trajectories {
             steps,
             batch,
             obs: (0..n * step_bytes as usize).map(|i| (i * 31) as u8).collect(),
             actions: (0..n as i32).collect(),
             rewards: (0..n).map(|i| i as f32 * 0.5).collect(),
             priorities: (0..batch).map(|i| 1.0 + (i % 7) as f64).collect(),
-        }
+        })
     }
 
     /// Inserts `count` trajectories (priorities cycling through 1..=7);
@@ -298,7 +312,7 @@ pub fn run_bench(c: &BenchConfig, progress: &mut Progress) -> Result<BenchReport
     sample_config(c)?;
     let strategy: gear_sampler::StrategyKind = c.sampler.parse()?;
     let table = ReplayTable::builder(spec.clone()).sampler_kind(strategy, Default::default()).seed(c.seed).build()?;
-    let data = Trajectories::new(c.steps, c.step_bytes, c.insert_batch);
+    let data = Trajectories::new(c.steps, c.step_bytes, c.insert_batch, c.inserts)?;
     let traj_bytes = spec.step_bytes() * c.steps;
 
     let writer = table.writer();
@@ -636,7 +650,7 @@ pub fn writer_process(
     if t.spec().max_len() != steps || t.spec().columns()[0].shape() != [step_bytes] {
         return Err(Error::Config("bench writer: --steps/--step-bytes disagree with the table".into()));
     }
-    let data = Trajectories::new(steps, step_bytes, insert_batch.max(1));
+    let data = Trajectories::new(steps, step_bytes, insert_batch, count)?;
     let writer = t.writer();
     wait_for_start(start_at_ns);
     let start_ns = monotonic_ns();
@@ -725,8 +739,9 @@ pub fn run_cuda_sample_bench(c: &BenchConfig, variants: &[(usize, usize)]) -> Re
         .sampler_kind(strategy, Default::default())
         .seed(c.seed)
         .build()?;
-    let data = Trajectories::new(c.steps, c.step_bytes, c.insert_batch);
-    data.insert(&table.writer(), c.capacity.min(c.inserts).max(1), |_| {})?;
+    let count = c.capacity.min(c.inserts).max(1);
+    let data = Trajectories::new(c.steps, c.step_bytes, c.insert_batch, count)?;
+    data.insert(&table.writer(), count, |_| {})?;
     let mut reports = Vec::new();
     for &(ring, cache_entries) in variants {
         let mut options = gear_api::CudaSamplerOptions::default().ring(ring);

@@ -160,4 +160,20 @@ fn absurd_durations_are_refused_not_panicked_on() {
     let (ok, _, err) =
         gear(&["bench", "--batch", "1099511627776", "--inserts", "4", "--capacity", "4", "--steps", "2"]);
     assert!(!ok && err.contains("batch size 1099511627776 is above the limit") && !err.contains("panicked"), "{err}");
+    // An insert batch whose staging would not fit in memory: an error, not
+    // an allocation abort.
+    let (ok, _, err) = gear(&[
+        "bench",
+        "--insert-batch",
+        "99999999999",
+        "--inserts",
+        "99999999999",
+        "--steps",
+        "1",
+        "--step-bytes",
+        "56",
+        "--capacity",
+        "10",
+    ]);
+    assert!(!ok && err.contains("use a smaller --insert-batch") && !err.contains("memory allocation"), "{err}");
 }
