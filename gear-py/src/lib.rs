@@ -21,6 +21,7 @@ mod dtype;
 pub mod error;
 mod hdf5;
 mod items;
+mod prefetch;
 mod sampler;
 mod table;
 mod wait;

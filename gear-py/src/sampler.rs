@@ -1,22 +1,27 @@
 //! `gear.Sampler`: batches into buffers the batch owns (`sample`), or into
-//! the caller's arrays (`sample_into`), and iteration.
+//! the caller's arrays (`sample_into`), and iteration; with `prefetch=N`
+//! drawn ahead on a Rust thread (`prefetch`).
 
 use crate::batch::{self, Batch, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ColumnInfo, RowFacts};
 use crate::dtype;
 use crate::error::{Error, Result};
+use crate::prefetch::Prefetcher;
 use crate::wait;
 use gear_core::Pad;
 use numpy::PyArrayDescr;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Draws batches of windows from a table. Create one per thread
 /// (`table.sampler(...)`); a sampler used by two threads at once raises.
+/// Made with `prefetch=N`, a Rust thread draws up to N batches ahead
+/// while you train: `sample()` and iteration take a ready one.
 #[pyclass(module = "gear._gear")]
 pub struct Sampler {
-    inner: gear_api::Sampler,
+    source: Source,
     timeout: Option<Duration>,
     infos: Arc<[ColumnInfo]>,
     descrs: Vec<Py<PyArrayDescr>>,
@@ -27,8 +32,22 @@ pub struct Sampler {
     pool: BufferPool<BatchStorage>,
 }
 
+/// Where a sampler's batches come from.
+enum Source {
+    /// Drawn by each call.
+    Direct(Box<gear_api::Sampler>),
+    /// Drawn ahead by a thread.
+    Ahead(Prefetcher<RowFacts>),
+}
+
 impl Sampler {
-    pub(crate) fn new(py: Python<'_>, table: &gear_api::ReplayTable, config: gear_api::SampleConfig) -> Result<Self> {
+    /// A sampler of `config`, drawing `prefetch` batches ahead (0: none).
+    pub(crate) fn new(
+        py: Python<'_>,
+        table: &gear_api::ReplayTable,
+        config: gear_api::SampleConfig,
+        prefetch: usize,
+    ) -> Result<Self> {
         let timeout = config.timeout;
         let pad = config.window.pad;
         let sliced = config.clone().timeout(Some(wait::slice_of(timeout)));
@@ -49,8 +68,12 @@ impl Sampler {
             column_bytes.push(layout.column_bytes(i) as usize);
         }
         let (rows, window) = (layout.rows(), layout.window().len as usize);
+        let source = match prefetch {
+            0 => Source::Direct(Box::new(inner)),
+            depth => Source::Ahead(Prefetcher::start(depth, column_bytes.clone(), draw_ahead(inner, timeout))?),
+        };
         Ok(Sampler {
-            inner,
+            source,
             timeout,
             infos: infos.into(),
             descrs,
@@ -63,9 +86,15 @@ impl Sampler {
     }
 
     fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
+        let inner = match &mut self.source {
+            Source::Direct(inner) => inner,
+            Source::Ahead(ahead) => {
+                let (storage, facts) = ahead.next(py)?;
+                return self.batch_of(py, storage, facts);
+            }
+        };
         let column_bytes = &self.column_bytes;
         let mut storage = self.pool.take_or(|| BatchStorage::new(column_bytes))?;
-        let inner = &mut self.inner;
         let filled = wait::interruptible(py, self.timeout, || {
             let Some(unique) = Arc::get_mut(&mut storage) else {
                 return Err(gear_api::Error::Config("batch buffer is shared".into()));
@@ -81,16 +110,27 @@ impl Sampler {
                 return Err(e);
             }
         };
-        let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage.clone()) })?;
-        self.pool.keep(storage);
+        self.pool.keep(storage.clone());
+        self.batch_of(py, storage, facts)
+    }
+
+    /// The batch whose columns are views over `storage`.
+    fn batch_of(&self, py: Python<'_>, storage: Arc<BatchStorage>, facts: RowFacts) -> Result<Batch> {
+        let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage) })?;
         let columns = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
         Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), Some(buffer.unbind()))
     }
 
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
+        let Source::Direct(inner) = &mut self.source else {
+            return Err(Error::Spec(
+                "sample_into needs a sampler without prefetch: a prefetching sampler gathers into its own \
+                 buffers ahead of time; use sample() or iterate"
+                    .into(),
+            ));
+        };
         let outputs = batch::OutputArrays::parse(out, &self.infos, self.rows, self.window)?;
         let ranges = outputs.ranges.clone();
-        let inner = &mut self.inner;
         let facts = wait::interruptible(py, self.timeout, || {
             let mut columns: Vec<&mut [u8]> = ranges
                 .iter()
@@ -131,6 +171,25 @@ impl Sampler {
         Ok(self.sample_into_arrays(py, out)?)
     }
 
+    /// Stops drawing ahead (a prefetching sampler's thread ends, at most
+    /// one draw later; batches not taken are dropped, the ones you hold
+    /// stay valid); later samples raise. Nothing to do for a sampler
+    /// without prefetch.
+    fn close(&self, py: Python<'_>) {
+        if let Source::Ahead(ahead) = &self.source {
+            ahead.close(py);
+        }
+    }
+
+    /// Batches drawn ahead (the `prefetch` it was made with; 0: none).
+    #[getter]
+    fn prefetch(&self) -> usize {
+        match &self.source {
+            Source::Direct(_) => 0,
+            Source::Ahead(ahead) => ahead.depth(),
+        }
+    }
+
     /// Rows per batch.
     #[getter]
     fn batch_size(&self) -> usize {
@@ -162,6 +221,33 @@ impl Sampler {
     /// The next batch; iteration stops when the table is closed.
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Batch>> {
         until_closed(self.sample_batch(py))
+    }
+}
+
+/// The draw of a prefetching sampler's thread: one batch into `columns`,
+/// retrying the sampler's wait slices until `timeout` has passed since the
+/// draw began (then a timeout error) or `stop` is set (then `None`).
+fn draw_ahead(
+    mut inner: gear_api::Sampler,
+    timeout: Option<Duration>,
+) -> impl FnMut(&mut [&mut [u8]], &AtomicBool) -> Result<Option<RowFacts>> + Send + 'static {
+    move |columns, stop| {
+        let started = Instant::now();
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            match inner.sample_into(columns) {
+                Ok(rows) => return Ok(Some(RowFacts::from_rows(&rows))),
+                Err(gear_api::Error::Timeout { op, holder, .. }) => {
+                    let waited = started.elapsed();
+                    if timeout.is_some_and(|t| waited + Duration::from_millis(1) >= t) {
+                        return Err(gear_api::Error::Timeout { op, waited, holder }.into());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
 

@@ -441,7 +441,10 @@ impl Table {
     /// (negative: from the end), padded at the tail unless `pad="head"`.
     /// `columns`: only these. `timeout`: longest wait in seconds.
     /// `random_start`: each row starts at a random step (R2D2-style).
-    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false))]
+    /// `prefetch`: batches a Rust thread draws ahead while you train (0:
+    /// none; `sample_into` needs 0); a sample then takes a ready one, and
+    /// the thread's timeout or error is raised by the sample in its turn.
+    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false, prefetch=0))]
     #[allow(clippy::too_many_arguments)]
     fn sampler(
         &self,
@@ -453,9 +456,10 @@ impl Table {
         columns: Option<Vec<String>>,
         timeout: Option<f64>,
         random_start: bool,
+        prefetch: usize,
     ) -> PyResult<Sampler> {
         let config = self.sample_config(batch_size, window, offset, pad, columns, timeout, random_start)?;
-        Ok(Sampler::new(py, &self.inner, config)?)
+        Ok(Sampler::new(py, &self.inner, config, prefetch)?)
     }
 
     /// A sampler that gathers on CUDA device `device` (wheels built with

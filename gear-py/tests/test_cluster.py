@@ -109,6 +109,46 @@ def test_kept_batches_stay_exact_while_the_sampler_reuses_its_buffers(local_clus
     assert np.array_equal(obs_only, obs_copy)
 
 
+def test_a_prefetching_sampler_draws_exact_batches_ahead_through_timeouts_and_a_lost_shard(local_cluster):
+    """prefetch=N: a Rust thread draws ahead; an empty cluster's timeout is
+    raised in its turn and drawing goes on; kept batches never change; a
+    killed shard is left out of the batches, which keep coming."""
+    lc = local_cluster()
+    cluster = gear.Cluster(lc.addrs, TOKEN, call_timeout=3.0)
+    sampler = cluster.sampler(16, window=6, timeout=0.4, prefetch=2)
+    assert sampler.prefetch == 2
+    with pytest.raises(gear.TimeoutError):
+        sampler.sample()
+    for tid in range(30):
+        write(cluster, tid, 1 + tid % MAX_LEN)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            first = sampler.sample()
+            break
+        except gear.TimeoutError:  # those drawn before the writes
+            assert time.monotonic() < deadline
+    kept = [first] + [sampler.sample() for _ in range(3)]
+    copies = [{c: b[c].copy() for c in ("id", "t", "obs")} for b in kept]
+    for _ in range(10):
+        check_rows(sampler.sample())
+    lc.servers[1].kill()
+    lost = False
+    while time.monotonic() < deadline and not lost:
+        b = sampler.sample()
+        assert check_rows(b) == 16
+        lost = 1 in b.lost and 1 not in set(b.keys["shard"].tolist())
+    assert lost
+    for b, want in zip(kept, copies):
+        check_rows(b)
+        assert all(np.array_equal(b[c], want[c]) for c in want)
+    with pytest.raises(gear.SpecError, match="prefetch"):
+        sampler.sample_into({c: np.empty(s, dt) for c, (dt, s) in sampler.output_spec().items()})
+    sampler.close()
+    with pytest.raises(gear.GearError, match="closed"):
+        sampler.sample()
+
+
 def test_oversized_batches_are_refused_when_the_sampler_is_made(local_cluster):
     """Too many rows, or more bytes than one message may carry, fail at
     `sampler(...)`, naming the limit, before any buffer is sized."""

@@ -129,6 +129,8 @@ table = gear.Table([("v", "int64")], max_len=1, capacity=4, rate_limiter=gear.Ra
 writer = table.writer(timeout=None)
 if sys.argv[1] == "sample":
     wait = table.sampler(batch_size=1, timeout=None).sample
+elif sys.argv[1] == "sample-prefetch":
+    wait = table.sampler(batch_size=1, timeout=None, prefetch=2).sample
 else:
     writer.insert_batch({"v": np.zeros(2, np.int64)})  # the queue is full now
     wait = writer.trajectory if sys.argv[1] == "trajectory" else lambda: writer.insert_batch({"v": np.zeros(1, np.int64)})
@@ -143,7 +145,7 @@ sys.exit(3)
 """
 
 
-@pytest.mark.parametrize("blocked_in", ["sample", "trajectory", "insert_batch"])
+@pytest.mark.parametrize("blocked_in", ["sample", "sample-prefetch", "trajectory", "insert_batch"])
 def test_ctrl_c_interrupts_a_blocked_wait(blocked_in):
     import subprocess
     import sys

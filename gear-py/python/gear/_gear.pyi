@@ -131,8 +131,9 @@ class Table:
         columns: Optional[Sequence[str]] = None,
         timeout: Optional[float] = 10.0,
         random_start: bool = False,
+        prefetch: int = 0,
     ) -> Sampler:
-        """A sampler of ``batch_size`` rows of ``window`` steps."""
+        """A sampler of ``batch_size`` rows of ``window`` steps; ``prefetch`` batches drawn ahead by a Rust thread."""
     def cuda_sampler(
         self,
         batch_size: int,
@@ -306,9 +307,14 @@ class Sampler:
     def sample(self) -> Batch:
         """Draws one batch into a buffer the batch owns."""
     def sample_into(self, out: Union[Mapping[str, Any], Sequence[Any]]) -> Batch:
-        """Draws one batch into your arrays (or torch CPU tensors)."""
+        """Draws one batch into your arrays (or torch CPU tensors); needs ``prefetch=0``."""
     def output_spec(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
         """``{column: (numpy dtype name, shape)}`` for ``sample_into``."""
+    def close(self) -> None:
+        """Stops a prefetching sampler's thread; later samples raise."""
+    @property
+    def prefetch(self) -> int:
+        """Batches drawn ahead (0: none)."""
     @property
     def batch_size(self) -> int: ...
     @property
@@ -365,6 +371,7 @@ class Cluster:
         columns: Optional[Sequence[str]] = None,
         timeout: Optional[float] = 10.0,
         random_start: bool = False,
+        prefetch: int = 0,
     ) -> ClusterSampler:
         """A sampler drawing across the shards with one table's distribution."""
     def writer(
@@ -388,6 +395,11 @@ class ClusterSampler:
         """One batch decoded straight into your arrays (or torch CPU tensors), reused batch after batch."""
     def output_spec(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
         """``{column: (numpy dtype name, shape)}`` for ``sample_into``."""
+    def close(self) -> None:
+        """Stops a prefetching sampler's thread; later samples raise."""
+    @property
+    def prefetch(self) -> int:
+        """Batches drawn ahead (0: none)."""
     @property
     def batch_size(self) -> int: ...
     @property

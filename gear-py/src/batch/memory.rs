@@ -26,12 +26,19 @@ const POOLED_BUFFERS: usize = 4;
 #[derive(Debug)]
 pub(crate) struct BufferPool<T> {
     buffers: Vec<Arc<T>>,
+    /// Most buffers kept.
+    holds: usize,
 }
 
 impl<T> BufferPool<T> {
     /// An empty pool.
     pub(crate) fn new() -> Self {
-        BufferPool { buffers: Vec::new() }
+        Self::holding(POOLED_BUFFERS)
+    }
+
+    /// An empty pool that keeps at most `holds` buffers.
+    pub(crate) fn holding(holds: usize) -> Self {
+        BufferPool { buffers: Vec::new(), holds }
     }
 
     /// A buffer nothing else references: one of the pool's, taken out, or
@@ -45,7 +52,7 @@ impl<T> BufferPool<T> {
 
     /// Keeps `buffer` for reuse, unless the pool is full.
     pub(crate) fn keep(&mut self, buffer: Arc<T>) {
-        if self.buffers.len() < POOLED_BUFFERS {
+        if self.buffers.len() < self.holds {
             self.buffers.push(buffer);
         }
     }

@@ -1,5 +1,6 @@
 //! `gear.ClusterSampler`: batches drawn across the shards, returned as the
-//! same `Batch` a local sampler gives (plus the shards lost and rejoined).
+//! same `Batch` a local sampler gives (plus the shards lost and rejoined);
+//! with `prefetch=N` drawn ahead on a Rust thread (`crate::prefetch`).
 
 use super::{keys, Cluster, ClusterSpec};
 use crate::batch::{
@@ -7,12 +8,14 @@ use crate::batch::{
 };
 use crate::dtype;
 use crate::error::{Error, Result};
+use crate::prefetch::Prefetcher;
 use crate::wait;
 use gear_core::Pad;
 use gear_net::{BatchRows, ClusterClient, ClusterSample};
 use numpy::PyArrayDescr;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +44,8 @@ pub struct ClusterSampler {
     /// The buffers `sample()` decodes batches into, each reused once the
     /// batch made from it is gone (the ownership rule of `batch`).
     pool: BufferPool<BatchStorage>,
+    /// The thread drawing batches ahead (`prefetch` > 0).
+    ahead: Option<Prefetcher<BatchRows>>,
 }
 
 impl ClusterSampler {
@@ -51,6 +56,7 @@ impl ClusterSampler {
         spec: &ClusterSpec,
         mut request: ClusterSample,
         timeout: Option<Duration>,
+        prefetch: usize,
     ) -> Result<Self> {
         if spec.sampler != "uniform" && spec.sampler != "prioritized" {
             return Err(Error::Spec(format!(
@@ -83,6 +89,14 @@ impl ClusterSampler {
         // refused it.
         let (client, asked) = (cluster.client().clone(), request.clone());
         let column_bytes = wait::off_thread(py, move || client.column_bytes(&asked))??;
+        let ahead = match prefetch {
+            0 => None,
+            depth => Some(Prefetcher::start(
+                depth,
+                column_bytes.clone(),
+                draw_ahead(cluster.client().clone(), request.clone(), timeout),
+            )?),
+        };
         Ok(ClusterSampler {
             client: cluster.client().clone(),
             request,
@@ -95,6 +109,7 @@ impl ClusterSampler {
             pad: window.pad,
             rows_out: BatchRows::default(),
             pool: BufferPool::new(),
+            ahead,
         })
     }
 
@@ -145,12 +160,8 @@ impl ClusterSampler {
     /// are lost.
     fn nothing_to_sample(&self, py: Python<'_>, why: String, waited: Duration) -> Error {
         let client = self.client.clone();
-        let silent = wait::off_thread(py, move || (0..client.shards()).filter(|&s| client.info(s).is_err()).count());
-        match silent {
-            Ok(0) => {
-                Error::Timeout(format!("timed out after {waited:?} waiting for the cluster to hold items ({why})"))
-            }
-            Ok(n) => Error::Net(gear_net::Error::NoShard(format!("{n} shards do not answer: {why}"))),
+        match wait::off_thread(py, move || silent_shards(&client)) {
+            Ok(silent) => nothing_drawn(why, waited, silent),
             Err(e) => e,
         }
     }
@@ -159,6 +170,12 @@ impl ClusterSampler {
     /// straight from the sockets, as `sample_into` does into the caller's
     /// arrays, so no batch-sized allocation (and its page faults) per call.
     fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
+        if let Some(ahead) = &self.ahead {
+            let (storage, drawn) = ahead.next(py)?;
+            let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage) })?;
+            let arrays = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
+            return self.finish(py, arrays, &drawn, Some(buffer.unbind()));
+        }
         let column_bytes = &self.column_bytes;
         let storage = self.pool.take_or(|| BatchStorage::new(column_bytes))?;
         let storage = self.draw_into(py, storage)?;
@@ -201,6 +218,13 @@ impl ClusterSampler {
     /// the call timeout, and is checked between the retries of an empty
     /// cluster.
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
+        if self.ahead.is_some() {
+            return Err(Error::Spec(
+                "sample_into needs a sampler without prefetch: a prefetching sampler gathers into its own \
+                 buffers ahead of time; use sample() or iterate"
+                    .into(),
+            ));
+        }
         let outputs = batch::OutputArrays::parse(out, &self.infos, self.rows, self.window)?;
         let started = Instant::now();
         loop {
@@ -253,6 +277,22 @@ impl ClusterSampler {
         Ok(self.sample_into_arrays(py, out)?)
     }
 
+    /// Stops drawing ahead (a prefetching sampler's thread ends, at most
+    /// one cluster call later; batches not taken are dropped, the ones you
+    /// hold stay valid); later samples raise. Nothing to do for a sampler
+    /// without prefetch.
+    fn close(&self, py: Python<'_>) {
+        if let Some(ahead) = &self.ahead {
+            ahead.close(py);
+        }
+    }
+
+    /// Batches drawn ahead (the `prefetch` it was made with; 0: none).
+    #[getter]
+    fn prefetch(&self) -> usize {
+        self.ahead.as_ref().map_or(0, Prefetcher::depth)
+    }
+
     /// Rows per batch.
     #[getter]
     fn batch_size(&self) -> usize {
@@ -284,5 +324,49 @@ impl ClusterSampler {
     /// The next batch (a cluster's batches do not end).
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Batch> {
         Ok(self.sample_batch(py)?)
+    }
+}
+
+/// How many of the cluster's shards do not answer.
+fn silent_shards(client: &ClusterClient) -> usize {
+    (0..client.shards()).filter(|&s| client.info(s).is_err()).count()
+}
+
+/// The error of a sample that found nothing for `waited`: a timeout if
+/// every shard answers (they hold nothing), else the shards are lost.
+fn nothing_drawn(why: String, waited: Duration, silent: usize) -> Error {
+    match silent {
+        0 => Error::Timeout(format!("timed out after {waited:?} waiting for the cluster to hold items ({why})")),
+        n => Error::Net(gear_net::Error::NoShard(format!("{n} shards do not answer: {why}"))),
+    }
+}
+
+/// The draw of a prefetching sampler's thread: one batch decoded into
+/// `columns`, asking again every [`EMPTY_RETRY`] while no shard holds
+/// items, until `timeout` has passed since the draw began (then the error
+/// a direct sample gives) or `stop` is set (then `None`).
+fn draw_ahead(
+    client: Arc<ClusterClient>,
+    request: ClusterSample,
+    timeout: Option<Duration>,
+) -> impl FnMut(&mut [&mut [u8]], &AtomicBool) -> Result<Option<BatchRows>> + Send + 'static {
+    move |columns, stop| {
+        let started = Instant::now();
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            let mut rows = BatchRows::default();
+            match client.sample_into(&request, columns, &mut rows) {
+                Ok(()) => return Ok(Some(rows)),
+                Err(gear_net::Error::NoShard(why)) => {
+                    if timeout.is_some_and(|t| started.elapsed() + EMPTY_RETRY >= t) {
+                        return Err(nothing_drawn(why, started.elapsed(), silent_shards(&client)));
+                    }
+                    std::thread::sleep(EMPTY_RETRY);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
