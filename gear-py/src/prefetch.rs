@@ -1,8 +1,9 @@
 //! Batches drawn ahead on a Rust thread (`sampler(..., prefetch=N)`):
 //! the thread samples into pooled buffers without the GIL while Python
-//! trains, and hands each filled buffer over through a bounded channel, so
-//! taking a batch that is ready costs no Python thread, no GIL hand-off
-//! and no wake-up of a waiting Python thread.
+//! trains, makes each into its `Batch` (and applies the sampler's
+//! `transform`, if any) with the GIL, and hands it over through a bounded
+//! channel, so taking a batch that is ready runs no Python code, wakes no
+//! Python thread and hands no GIL over.
 //!
 //! The buffers follow the ownership rule of `batch`: the thread reuses a
 //! buffer only once nothing references it (its `Arc` is unique), so a
@@ -26,10 +27,6 @@ use std::thread::JoinHandle;
 /// Most batches a sampler may draw ahead.
 pub(crate) const MAX_PREFETCH: usize = 64;
 
-/// One batch drawn ahead: the buffer holding its columns and what else the
-/// batch is made of (`F`: its per-row facts).
-pub(crate) type Drawn<F> = (Arc<BatchStorage>, F);
-
 /// How a prefetching sampler's thread ended, for every `next` after it.
 #[derive(Clone, Debug)]
 enum Ended {
@@ -43,12 +40,13 @@ enum Ended {
 }
 
 /// The thread drawing batches ahead and the receiving end of its batches.
-pub(crate) struct Prefetcher<F: Send + 'static> {
-    /// Batches in the order they were drawn, then the error that ended the
-    /// thread, if one did. (`Receiver` is not `Sync`; the lock makes the
-    /// sampler shareable as pyo3 requires, and is never contended: a
-    /// sampler is used by one thread at a time.)
-    ready: Mutex<Option<Receiver<Result<Drawn<F>>>>>,
+pub(crate) struct Prefetcher {
+    /// Batches (Python objects, made on the thread) in the order they were
+    /// drawn, then the error that ended the thread, if one did.
+    /// (`Receiver` is not `Sync`; the lock makes the sampler shareable as
+    /// pyo3 requires, and is never contended: a sampler is used by one
+    /// thread at a time.)
+    ready: Mutex<Option<Receiver<Result<Py<PyAny>>>>>,
     /// Set to end the thread.
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -58,15 +56,26 @@ pub(crate) struct Prefetcher<F: Send + 'static> {
     pid: u32,
 }
 
-impl<F: Send + 'static> Prefetcher<F> {
+impl Prefetcher {
     /// Starts a thread that keeps `depth` batches (1..=[`MAX_PREFETCH`])
-    /// ready: each in a pooled buffer of columns of `column_bytes`, filled
-    /// by `draw`, which returns the batch's facts, or `None` once it sees
-    /// `stop` set (it must check it at least every [`WAIT_SLICE`] or
-    /// cluster call while it waits).
-    pub(crate) fn start<D>(depth: usize, column_bytes: Vec<usize>, mut draw: D) -> Result<Self>
+    /// ready: each drawn by `draw` into a pooled buffer of columns of
+    /// `column_bytes` (without the GIL; it returns the batch's facts, or
+    /// `None` once it sees `stop` set, which it must check at least every
+    /// [`WAIT_SLICE`] or cluster call while it waits), then made into its
+    /// Python object by `make` and passed through `transform`, if given,
+    /// with the GIL held: so taking a ready batch runs no Python code on
+    /// the caller's thread.
+    pub(crate) fn start<F, D, M>(
+        depth: usize,
+        column_bytes: Vec<usize>,
+        mut draw: D,
+        mut make: M,
+        transform: Option<Py<PyAny>>,
+    ) -> Result<Self>
     where
+        F: Send + 'static,
         D: FnMut(&mut [&mut [u8]], &AtomicBool) -> Result<Option<F>> + Send + 'static,
+        M: FnMut(Python<'_>, Arc<BatchStorage>, F) -> Result<Py<PyAny>> + Send + 'static,
     {
         if !(1..=MAX_PREFETCH).contains(&depth) {
             return Err(Error::Spec(format!("prefetch must be 0 (off) to {MAX_PREFETCH} batches, got {depth}")));
@@ -89,15 +98,24 @@ impl<F: Send + 'static> Prefetcher<F> {
                         pool.keep(storage.clone());
                         Ok(facts?.map(|f| (storage, f)))
                     });
+                    let made = match drawn {
+                        // Told to stop: no Python (the interpreter may be
+                        // finalizing).
+                        Ok(None) => return,
+                        _ if stopping.load(Ordering::Acquire) => return,
+                        Ok(Some((storage, facts))) => Python::attach(|py| {
+                            let batch = make(py, storage, facts)?;
+                            match &transform {
+                                Some(f) => Ok(f.call1(py, (batch,))?),
+                                None => Ok(batch),
+                            }
+                        }),
+                        Err(e) => Err(e),
+                    };
                     // An error sampling may go on after is raised in its
                     // turn and the thread goes on.
-                    let fatal = drawn.as_ref().is_err_and(|e| !may_retry(e));
-                    let sent = match drawn {
-                        Ok(Some(batch)) => to_learner.send(Ok(batch)),
-                        Ok(None) => return,
-                        Err(e) => to_learner.send(Err(e)),
-                    };
-                    if fatal || sent.is_err() {
+                    let fatal = made.as_ref().is_err_and(|e| !may_retry(e));
+                    if to_learner.send(made).is_err() || fatal {
                         return;
                     }
                 }
@@ -117,7 +135,7 @@ impl<F: Send + 'static> Prefetcher<F> {
     /// for it with the GIL released, one slice at a time (Ctrl-C
     /// interrupts). The thread's own error (a timeout of the sampler's
     /// `timeout`, a closed table) is raised here, in its turn.
-    pub(crate) fn next(&self, py: Python<'_>) -> Result<Drawn<F>> {
+    pub(crate) fn next(&self, py: Python<'_>) -> Result<Py<PyAny>> {
         if std::process::id() != self.pid {
             return Err(Error::Spec(
                 "a prefetching sampler was made in the parent process; its thread is not in this forked child: \
@@ -179,7 +197,7 @@ impl<F: Send + 'static> Prefetcher<F> {
     }
 }
 
-impl<F: Send + 'static> Drop for Prefetcher<F> {
+impl Drop for Prefetcher {
     /// Tells the thread to end without waiting for it: it owns what it
     /// touches and ends at its next check.
     fn drop(&mut self) {

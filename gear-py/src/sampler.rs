@@ -2,13 +2,11 @@
 //! the caller's arrays (`sample_into`), and iteration; with `prefetch=N`
 //! drawn ahead on a Rust thread (`prefetch`).
 
-use crate::batch::{self, Batch, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ColumnInfo, RowFacts};
+use crate::batch::{self, Batch, BatchShape, BatchStorage, BufferPool, ColumnInfo, RowFacts};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::prefetch::Prefetcher;
 use crate::wait;
-use gear_core::Pad;
-use numpy::PyArrayDescr;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,12 +21,8 @@ use std::time::{Duration, Instant};
 pub struct Sampler {
     source: Source,
     timeout: Option<Duration>,
-    infos: Arc<[ColumnInfo]>,
-    descrs: Vec<Py<PyArrayDescr>>,
+    shape: BatchShape,
     column_bytes: Vec<usize>,
-    rows: usize,
-    window: usize,
-    pad: Pad,
     pool: BufferPool<BatchStorage>,
 }
 
@@ -37,16 +31,18 @@ enum Source {
     /// Drawn by each call.
     Direct(Box<gear_api::Sampler>),
     /// Drawn ahead by a thread.
-    Ahead(Prefetcher<RowFacts>),
+    Ahead(Prefetcher),
 }
 
 impl Sampler {
-    /// A sampler of `config`, drawing `prefetch` batches ahead (0: none).
+    /// A sampler of `config`, drawing `prefetch` batches ahead (0: none),
+    /// each passed through `transform` there if given.
     pub(crate) fn new(
         py: Python<'_>,
         table: &gear_api::ReplayTable,
         config: gear_api::SampleConfig,
         prefetch: usize,
+        transform: Option<Py<PyAny>>,
     ) -> Result<Self> {
         let timeout = config.timeout;
         let pad = config.window.pad;
@@ -68,30 +64,38 @@ impl Sampler {
             column_bytes.push(layout.column_bytes(i) as usize);
         }
         let (rows, window) = (layout.rows(), layout.window().len as usize);
-        let source = match prefetch {
-            0 => Source::Direct(Box::new(inner)),
-            depth => Source::Ahead(Prefetcher::start(depth, column_bytes.clone(), draw_ahead(inner, timeout))?),
+        let shape = BatchShape { infos: infos.into(), descrs, rows, window, pad };
+        let source = match (prefetch, transform) {
+            (0, None) => Source::Direct(Box::new(inner)),
+            (0, Some(_)) => return Err(no_transform_without_prefetch()),
+            (depth, transform) => {
+                let made = shape.clone_ref(py);
+                let make =
+                    move |py: Python<'_>, storage, facts| Ok(Py::new(py, made.batch(py, storage, facts)?)?.into_any());
+                Source::Ahead(Prefetcher::start(
+                    depth,
+                    column_bytes.clone(),
+                    draw_ahead(inner, timeout),
+                    make,
+                    transform,
+                )?)
+            }
         };
-        Ok(Sampler {
-            source,
-            timeout,
-            infos: infos.into(),
-            descrs,
-            column_bytes,
-            rows,
-            window,
-            pad,
-            pool: BufferPool::new(),
-        })
+        Ok(Sampler { source, timeout, shape, column_bytes, pool: BufferPool::new() })
+    }
+
+    /// The next batch: drawn now, or taken from those drawn ahead (then
+    /// whatever the sampler's `transform` made of it).
+    fn next_batch(&mut self, py: Python<'_>) -> Result<Py<PyAny>> {
+        match &self.source {
+            Source::Ahead(ahead) => ahead.next(py),
+            Source::Direct(_) => Ok(Py::new(py, self.sample_batch(py)?)?.into_any()),
+        }
     }
 
     fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
-        let inner = match &mut self.source {
-            Source::Direct(inner) => inner,
-            Source::Ahead(ahead) => {
-                let (storage, facts) = ahead.next(py)?;
-                return self.batch_of(py, storage, facts);
-            }
+        let Source::Direct(inner) = &mut self.source else {
+            return Err(Error::Spec("sample_batch of a prefetching sampler".into()));
         };
         let column_bytes = &self.column_bytes;
         let mut storage = self.pool.take_or(|| BatchStorage::new(column_bytes))?;
@@ -111,14 +115,7 @@ impl Sampler {
             }
         };
         self.pool.keep(storage.clone());
-        self.batch_of(py, storage, facts)
-    }
-
-    /// The batch whose columns are views over `storage`.
-    fn batch_of(&self, py: Python<'_>, storage: Arc<BatchStorage>, facts: RowFacts) -> Result<Batch> {
-        let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage) })?;
-        let columns = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
-        Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), Some(buffer.unbind()))
+        self.shape.batch(py, storage, facts)
     }
 
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
@@ -129,7 +126,7 @@ impl Sampler {
                     .into(),
             ));
         };
-        let outputs = batch::OutputArrays::parse(out, &self.infos, self.rows, self.window)?;
+        let outputs = batch::OutputArrays::parse(out, &self.shape.infos, self.shape.rows, self.shape.window)?;
         let ranges = outputs.ranges.clone();
         let facts = wait::interruptible(py, self.timeout, || {
             let mut columns: Vec<&mut [u8]> = ranges
@@ -143,12 +140,12 @@ impl Sampler {
             let rows = inner.sample_into(&mut columns)?;
             Ok(RowFacts::from_rows(&rows))
         })?;
-        let columns = outputs.columns(py, &self.infos)?;
-        Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), None)
+        let columns = outputs.columns(py, &self.shape.infos)?;
+        Batch::new(py, columns, facts, self.shape.window, self.shape.pad, self.shape.infos.clone(), None)
     }
 
     fn names(&self) -> Vec<String> {
-        batch::names(&self.infos)
+        batch::names(&self.shape.infos)
     }
 }
 
@@ -157,9 +154,10 @@ impl Sampler {
     /// Draws and gathers one batch into a buffer the batch owns. Waits
     /// (up to the sampler's timeout, interruptible by Ctrl-C, without the
     /// GIL) while the table is empty or the rate limiter holds samplers
-    /// back.
-    fn sample(&mut self, py: Python<'_>) -> PyResult<Batch> {
-        Ok(self.sample_batch(py)?)
+    /// back. A prefetching sampler returns the next batch drawn ahead (what
+    /// its `transform` made of it, if it has one).
+    fn sample(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.next_batch(py)?)
     }
 
     /// Like `sample`, but gathers into your arrays: `out` is a dict of
@@ -193,13 +191,13 @@ impl Sampler {
     /// Rows per batch.
     #[getter]
     fn batch_size(&self) -> usize {
-        self.rows
+        self.shape.rows
     }
 
     /// Steps per row.
     #[getter]
     fn window(&self) -> usize {
-        self.window
+        self.shape.window
     }
 
     /// The columns gathered, in order.
@@ -211,7 +209,7 @@ impl Sampler {
     /// `{column: (numpy dtype name, shape)}` of the arrays `sample_into`
     /// takes.
     fn output_spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        Ok(batch::output_spec(py, &self.infos, self.rows, self.window)?)
+        Ok(batch::output_spec(py, &self.shape.infos, self.shape.rows, self.shape.window)?)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -219,9 +217,14 @@ impl Sampler {
     }
 
     /// The next batch; iteration stops when the table is closed.
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Batch>> {
-        until_closed(self.sample_batch(py))
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        until_closed(self.next_batch(py))
     }
+}
+
+/// The error of a `transform` given without `prefetch`.
+pub(crate) fn no_transform_without_prefetch() -> Error {
+    Error::Spec("transform is applied on the prefetch thread: give prefetch=N (N >= 1) with it".into())
 }
 
 /// The draw of a prefetching sampler's thread: one batch into `columns`,
@@ -253,7 +256,7 @@ fn draw_ahead(
 
 /// A sampler's `__next__`: the batch, or the end of iteration once the
 /// table is closed.
-pub(crate) fn until_closed(sampled: Result<Batch>) -> PyResult<Option<Batch>> {
+pub(crate) fn until_closed<T>(sampled: Result<T>) -> PyResult<Option<T>> {
     match sampled {
         Ok(b) => Ok(Some(b)),
         Err(Error::Gear(gear_api::Error::Closed)) => Ok(None),

@@ -444,7 +444,9 @@ impl Table {
     /// `prefetch`: batches a Rust thread draws ahead while you train (0:
     /// none; `sample_into` needs 0); a sample then takes a ready one, and
     /// the thread's timeout or error is raised by the sample in its turn.
-    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false, prefetch=0))]
+    /// `transform`: a callable the thread applies to each batch (with the
+    /// GIL, e.g. to make tensors); samples return what it returns.
+    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false, prefetch=0, transform=None))]
     #[allow(clippy::too_many_arguments)]
     fn sampler(
         &self,
@@ -457,9 +459,10 @@ impl Table {
         timeout: Option<f64>,
         random_start: bool,
         prefetch: usize,
+        transform: Option<Py<PyAny>>,
     ) -> PyResult<Sampler> {
         let config = self.sample_config(batch_size, window, offset, pad, columns, timeout, random_start)?;
-        Ok(Sampler::new(py, &self.inner, config, prefetch)?)
+        Ok(Sampler::new(py, &self.inner, config, prefetch, transform)?)
     }
 
     /// A sampler that gathers on CUDA device `device` (wheels built with

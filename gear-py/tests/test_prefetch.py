@@ -1,8 +1,9 @@
 """Samplers that draw ahead on a Rust thread (`sampler(..., prefetch=N)`):
-every row exact, kept batches never overwritten, timeouts raised in their
-turn with sampling going on, a closed table ending iteration, close() and
-the arguments refused."""
+every row exact, kept batches never overwritten, a transform applied on
+the thread, timeouts raised in their turn with sampling going on, a
+closed table ending iteration, close() and the arguments refused."""
 
+import threading
 import time
 
 import numpy as np
@@ -54,6 +55,40 @@ def test_prefetched_batches_are_exact_and_kept_ones_never_change():
         assert np.array_equal(b["id"], ids) and np.array_equal(b["t"], ts) and np.array_equal(b.keys, keys)
     # Zero copy: the columns are views of the batch's own buffer.
     assert kept[0]["id"].base is not None and kept[0].buffer is not None
+    table.close()
+
+
+def test_a_transform_runs_on_the_prefetch_thread_and_its_error_ends_sampling():
+    table = table_with(40)
+    main = threading.get_ident()
+    threads = set()
+
+    def as_tuple(batch):
+        threads.add(threading.get_ident())
+        return ("made", batch["id"].copy(), batch.keys)
+
+    sampler = table.sampler(8, 3, offset=0, prefetch=2, transform=as_tuple)
+    for _, got in zip(range(10), sampler):
+        tag, ids, keys = got
+        assert tag == "made" and ids.shape == (8, 3) and len(keys) == 8
+    assert threads and main not in threads
+    calls = []
+
+    def failing(batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("transform failed on purpose")
+        return batch
+
+    sampler = table.sampler(8, 3, prefetch=1, transform=failing)
+    check_rows(sampler.sample())
+    check_rows(sampler.sample())
+    with pytest.raises(ValueError, match="on purpose"):
+        sampler.sample()
+    with pytest.raises(gear.GearError, match="on purpose"):
+        sampler.sample()
+    with pytest.raises(gear.SpecError, match="prefetch"):
+        table.sampler(8, 3, transform=as_tuple)
     table.close()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import builtins
 import os
@@ -132,8 +132,10 @@ class Table:
         timeout: Optional[float] = 10.0,
         random_start: bool = False,
         prefetch: int = 0,
+        transform: Optional[Callable[[Batch], Any]] = None,
     ) -> Sampler:
-        """A sampler of ``batch_size`` rows of ``window`` steps; ``prefetch`` batches drawn ahead by a Rust thread."""
+        """A sampler of ``batch_size`` rows of ``window`` steps; ``prefetch`` batches drawn ahead by a Rust
+        thread, which applies ``transform`` to each."""
     def cuda_sampler(
         self,
         batch_size: int,
@@ -305,7 +307,8 @@ class Sampler:
     """Draws batches of windows; one per thread."""
 
     def sample(self) -> Batch:
-        """Draws one batch into a buffer the batch owns."""
+        """Draws one batch into a buffer the batch owns (prefetching: the next one drawn ahead, or what
+        ``transform`` made of it)."""
     def sample_into(self, out: Union[Mapping[str, Any], Sequence[Any]]) -> Batch:
         """Draws one batch into your arrays (or torch CPU tensors); needs ``prefetch=0``."""
     def output_spec(self) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -372,6 +375,7 @@ class Cluster:
         timeout: Optional[float] = 10.0,
         random_start: bool = False,
         prefetch: int = 0,
+        transform: Optional[Callable[[Batch], Any]] = None,
     ) -> ClusterSampler:
         """A sampler drawing across the shards with one table's distribution."""
     def writer(

@@ -316,6 +316,47 @@ impl DlpackColumn {
     }
 }
 
+/// What a sampler's batches over pooled buffers are made of besides the
+/// buffer and the row facts: the columns, their NumPy dtypes, and the
+/// batch's rows, window and padding.
+pub(crate) struct BatchShape {
+    pub(crate) infos: Arc<[ColumnInfo]>,
+    pub(crate) descrs: Vec<Py<PyArrayDescr>>,
+    pub(crate) rows: usize,
+    pub(crate) window: usize,
+    pub(crate) pad: Pad,
+}
+
+impl BatchShape {
+    /// A copy (for a prefetching sampler's thread).
+    pub(crate) fn clone_ref(&self, py: Python<'_>) -> Self {
+        BatchShape {
+            infos: self.infos.clone(),
+            descrs: self.descrs.iter().map(|d| d.clone_ref(py)).collect(),
+            rows: self.rows,
+            window: self.window,
+            pad: self.pad,
+        }
+    }
+
+    /// The columns of a batch in `storage`, as NumPy views over it.
+    pub(crate) fn arrays<'py>(
+        &self,
+        py: Python<'py>,
+        storage: Arc<BatchStorage>,
+    ) -> Result<(Bound<'py, PyDict>, Py<BatchBuffer>)> {
+        let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage) })?;
+        let columns = column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
+        Ok((columns, buffer.unbind()))
+    }
+
+    /// A local table's batch in `storage` with `facts`.
+    pub(crate) fn batch(&self, py: Python<'_>, storage: Arc<BatchStorage>, facts: RowFacts) -> Result<Batch> {
+        let (columns, buffer) = self.arrays(py, storage)?;
+        Batch::new(py, columns, facts, self.window, self.pad, self.infos.clone(), Some(buffer))
+    }
+}
+
 /// Makes the column arrays of a freshly filled `storage`.
 pub(crate) fn column_arrays<'py>(
     py: Python<'py>,

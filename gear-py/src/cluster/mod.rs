@@ -442,9 +442,9 @@ impl Cluster {
     /// table's distribution (uniform or prioritized). Arguments as for
     /// `Table.sampler`; `timeout`: how long `sample()` waits while no
     /// shard holds items (or every shard is lost) before it raises.
-    /// `prefetch`: batches a Rust thread draws ahead (as for
-    /// `Table.sampler`).
-    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false, prefetch=0))]
+    /// `prefetch`, `transform`: batches a Rust thread draws ahead, and
+    /// what it makes of each (as for `Table.sampler`).
+    #[pyo3(signature = (batch_size, window=None, *, offset=None, pad=None, columns=None, timeout=10.0, random_start=false, prefetch=0, transform=None))]
     #[allow(clippy::too_many_arguments)]
     fn sampler(
         &self,
@@ -457,12 +457,13 @@ impl Cluster {
         timeout: Option<f64>,
         random_start: bool,
         prefetch: usize,
+        transform: Option<Py<PyAny>>,
     ) -> PyResult<ClusterSampler> {
         let spec = self.spec(py)?;
         let window = crate::table::window_spec(spec.spec.max_len(), window, offset, pad)?;
         let request =
             ClusterSample { rows: batch_size as u64, window, columns: columns.unwrap_or_default(), random_start };
-        Ok(ClusterSampler::new(py, self, &spec, request, wait::seconds(timeout, "timeout")?, prefetch)?)
+        Ok(ClusterSampler::new(py, self, &spec, request, wait::seconds(timeout, "timeout")?, prefetch, transform)?)
     }
 
     /// A writer for remote actors. `target`: `"round_robin"` (the next

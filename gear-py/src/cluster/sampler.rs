@@ -3,16 +3,12 @@
 //! with `prefetch=N` drawn ahead on a Rust thread (`crate::prefetch`).
 
 use super::{keys, Cluster, ClusterSpec};
-use crate::batch::{
-    self, Batch, BatchBuffer, BatchMemory, BatchStorage, BufferPool, ColumnInfo, RowFacts, ShardReport,
-};
+use crate::batch::{self, Batch, BatchBuffer, BatchShape, BatchStorage, BufferPool, RowFacts, ShardReport};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::prefetch::Prefetcher;
 use crate::wait;
-use gear_core::Pad;
 use gear_net::{BatchRows, ClusterClient, ClusterSample};
-use numpy::PyArrayDescr;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,19 +29,15 @@ pub struct ClusterSampler {
     /// How long a sample waits while no shard holds items (or none
     /// answers); `None`: for ever.
     timeout: Option<Duration>,
-    infos: Arc<[ColumnInfo]>,
-    descrs: Vec<Py<PyArrayDescr>>,
+    shape: BatchShape,
     column_bytes: Vec<usize>,
-    rows: usize,
-    window: usize,
-    pad: Pad,
     /// The per-row fields `sample_into` fills, reused across batches.
     rows_out: BatchRows,
     /// The buffers `sample()` decodes batches into, each reused once the
     /// batch made from it is gone (the ownership rule of `batch`).
     pool: BufferPool<BatchStorage>,
     /// The thread drawing batches ahead (`prefetch` > 0).
-    ahead: Option<Prefetcher<BatchRows>>,
+    ahead: Option<Prefetcher>,
 }
 
 impl ClusterSampler {
@@ -57,6 +49,7 @@ impl ClusterSampler {
         mut request: ClusterSample,
         timeout: Option<Duration>,
         prefetch: usize,
+        transform: Option<Py<PyAny>>,
     ) -> Result<Self> {
         if spec.sampler != "uniform" && spec.sampler != "prioritized" {
             return Err(Error::Spec(format!(
@@ -89,24 +82,28 @@ impl ClusterSampler {
         // refused it.
         let (client, asked) = (cluster.client().clone(), request.clone());
         let column_bytes = wait::off_thread(py, move || client.column_bytes(&asked))??;
-        let ahead = match prefetch {
-            0 => None,
-            depth => Some(Prefetcher::start(
-                depth,
-                column_bytes.clone(),
-                draw_ahead(cluster.client().clone(), request.clone(), timeout),
-            )?),
+        let shape =
+            BatchShape { infos: infos.into(), descrs, rows: batch_size, window: window.len as usize, pad: window.pad };
+        let ahead = match (prefetch, transform) {
+            (0, None) => None,
+            (0, Some(_)) => return Err(crate::sampler::no_transform_without_prefetch()),
+            (depth, transform) => {
+                let shape = shape.clone_ref(py);
+                let make = move |py: Python<'_>, storage, drawn: BatchRows| {
+                    let (columns, buffer) = shape.arrays(py, storage)?;
+                    let batch = cluster_batch(py, &shape, columns, &drawn, Some(buffer))?;
+                    Ok(Py::new(py, batch)?.into_any())
+                };
+                let draw = draw_ahead(cluster.client().clone(), request.clone(), timeout);
+                Some(Prefetcher::start(depth, column_bytes.clone(), draw, make, transform)?)
+            }
         };
         Ok(ClusterSampler {
             client: cluster.client().clone(),
             request,
             timeout,
-            infos: infos.into(),
-            descrs,
+            shape,
             column_bytes,
-            rows: batch_size,
-            window: window.len as usize,
-            pad: window.pad,
             rows_out: BatchRows::default(),
             pool: BufferPool::new(),
             ahead,
@@ -170,19 +167,12 @@ impl ClusterSampler {
     /// straight from the sockets, as `sample_into` does into the caller's
     /// arrays, so no batch-sized allocation (and its page faults) per call.
     fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
-        if let Some(ahead) = &self.ahead {
-            let (storage, drawn) = ahead.next(py)?;
-            let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage) })?;
-            let arrays = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
-            return self.finish(py, arrays, &drawn, Some(buffer.unbind()));
-        }
         let column_bytes = &self.column_bytes;
         let storage = self.pool.take_or(|| BatchStorage::new(column_bytes))?;
         let storage = self.draw_into(py, storage)?;
-        let buffer = Bound::new(py, BatchBuffer { memory: BatchMemory::Pooled(storage.clone()) })?;
-        self.pool.keep(storage);
-        let arrays = batch::column_arrays(py, &buffer, &self.infos, &self.descrs, self.rows, self.window)?;
-        self.finish(py, arrays, &self.rows_out, Some(buffer.unbind()))
+        self.pool.keep(storage.clone());
+        let (arrays, buffer) = self.shape.arrays(py, storage)?;
+        self.finish(py, arrays, &self.rows_out, Some(buffer))
     }
 
     fn finish(
@@ -192,19 +182,16 @@ impl ClusterSampler {
         drawn: &BatchRows,
         buffer: Option<Py<BatchBuffer>>,
     ) -> Result<Batch> {
-        let keys = keys::to_array(py, &drawn.keys)?;
-        let facts = RowFacts {
-            keys: Vec::new(),
-            lengths: drawn.lengths.iter().map(|&l| l as i64).collect(),
-            probabilities: drawn.probabilities.clone(),
-            weights: drawn.weights.clone(),
-            starts: drawn.starts.iter().map(|&s| s as i64).collect(),
-        };
-        let report = ShardReport {
-            lost: drawn.lost.iter().map(|l| (l.shard, l.reason.clone())).collect(),
-            rejoined: drawn.rejoined.clone(),
-        };
-        Batch::with_keys(py, columns, keys, facts, self.window, self.pad, self.infos.clone(), buffer, report)
+        cluster_batch(py, &self.shape, columns, drawn, buffer)
+    }
+
+    /// The next batch: drawn now, or taken from those drawn ahead (then
+    /// whatever the sampler's `transform` made of it).
+    fn next_batch(&mut self, py: Python<'_>) -> Result<Py<PyAny>> {
+        match &self.ahead {
+            Some(ahead) => ahead.next(py),
+            None => Ok(Py::new(py, self.sample_batch(py)?)?.into_any()),
+        }
     }
 
     /// A batch decoded by the client straight into the caller's arrays (no
@@ -225,7 +212,7 @@ impl ClusterSampler {
                     .into(),
             ));
         }
-        let outputs = batch::OutputArrays::parse(out, &self.infos, self.rows, self.window)?;
+        let outputs = batch::OutputArrays::parse(out, &self.shape.infos, self.shape.rows, self.shape.window)?;
         let started = Instant::now();
         loop {
             let (client, request, rows) = (&self.client, &self.request, &mut self.rows_out);
@@ -253,7 +240,7 @@ impl ClusterSampler {
                 Err(e) => return Err(e.into()),
             }
         }
-        let columns = outputs.columns(py, &self.infos)?;
+        let columns = outputs.columns(py, &self.shape.infos)?;
         self.finish(py, columns, &self.rows_out, None)
     }
 }
@@ -262,8 +249,8 @@ impl ClusterSampler {
 impl ClusterSampler {
     /// Draws one batch across the shards into memory the batch owns (the
     /// windows as they arrived, no further copy).
-    fn sample(&mut self, py: Python<'_>) -> PyResult<Batch> {
-        Ok(self.sample_batch(py)?)
+    fn sample(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.next_batch(py)?)
     }
 
     /// Like `sample`, but into your arrays: `out` is a dict of column name
@@ -296,25 +283,25 @@ impl ClusterSampler {
     /// Rows per batch.
     #[getter]
     fn batch_size(&self) -> usize {
-        self.rows
+        self.shape.rows
     }
 
     /// Steps per row.
     #[getter]
     fn window(&self) -> usize {
-        self.window
+        self.shape.window
     }
 
     /// The columns gathered, in order.
     #[getter]
     fn columns(&self) -> Vec<String> {
-        batch::names(&self.infos)
+        batch::names(&self.shape.infos)
     }
 
     /// `{column: (numpy dtype name, shape)}` of the arrays `sample_into`
     /// takes.
     fn output_spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        Ok(batch::output_spec(py, &self.infos, self.rows, self.window)?)
+        Ok(batch::output_spec(py, &self.shape.infos, self.shape.rows, self.shape.window)?)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -322,9 +309,42 @@ impl ClusterSampler {
     }
 
     /// The next batch (a cluster's batches do not end).
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<Batch> {
-        Ok(self.sample_batch(py)?)
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.next_batch(py)?)
     }
+}
+
+/// The per-row facts of a drawn cluster batch (its keys apart).
+fn row_facts(drawn: &BatchRows) -> RowFacts {
+    RowFacts {
+        keys: Vec::new(),
+        lengths: drawn.lengths.iter().map(|&l| l as i64).collect(),
+        probabilities: drawn.probabilities.clone(),
+        weights: drawn.weights.clone(),
+        starts: drawn.starts.iter().map(|&s| s as i64).collect(),
+    }
+}
+
+/// The shards a drawn cluster batch left out or saw come back.
+fn shard_report(drawn: &BatchRows) -> ShardReport {
+    ShardReport {
+        lost: drawn.lost.iter().map(|l| (l.shard, l.reason.clone())).collect(),
+        rejoined: drawn.rejoined.clone(),
+    }
+}
+
+/// A cluster batch over `columns` (a prefetching sampler's thread makes
+/// it; `ClusterSampler::finish` the same for a direct sample).
+fn cluster_batch(
+    py: Python<'_>,
+    shape: &BatchShape,
+    columns: Bound<'_, PyDict>,
+    drawn: &BatchRows,
+    buffer: Option<Py<BatchBuffer>>,
+) -> Result<Batch> {
+    let keys = keys::to_array(py, &drawn.keys)?;
+    let (facts, report) = (row_facts(drawn), shard_report(drawn));
+    Batch::with_keys(py, columns, keys, facts, shape.window, shape.pad, shape.infos.clone(), buffer, report)
 }
 
 /// How many of the cluster's shards do not answer.
