@@ -35,10 +35,12 @@ TorchRL and cpprb have no rate limiter: the same samples-per-insert rule
 (Reverb's) is kept for them by two shared counters.
 
 Every learner puts its batches through one background thread (a queue
-of one batch, as a prefetching data loader does), except TorchRL's,
-which prefetches with its own ``prefetch`` option, and Reverb's dataset,
-which keeps two batches of samples in flight and one prefetched; the GEAR
-cluster learner keeps two Sample calls in flight, from two threads. Every learner sends
+of one batch, as a prefetching data loader does), except Reverb's
+dataset, which keeps two batches of samples in flight and one
+prefetched, and GEAR's, whose samplers draw one batch ahead on their own
+Rust threads and make its tensors there (``prefetch=1``,
+``transform=...``); the GEAR cluster learner keeps two Sample calls in
+flight, from two samplers. Every learner sends
 its priority updates from another background thread, one update in flight
 and the next waiting at most (Acme's R2D2 learner does the same with its
 ``AsyncExecutor``): the learner goes on with its next step while the
@@ -56,6 +58,7 @@ import os
 import pathlib
 import queue
 import secrets
+import statistics
 import shutil
 import subprocess
 import sys
@@ -254,6 +257,8 @@ class GearLocal:
     """A shared-memory gear.Table: prioritized, Reverb's ratio limiter."""
 
     ctx = "spawn"
+    # Its samplers draw ahead on their own threads (`GearSource`).
+    own_prefetch = True
 
     def __init__(self, spec: Spec) -> None:
         import gear
@@ -271,7 +276,8 @@ class GearLocal:
         return self.name
 
     def source(self, batch: int) -> "GearSource":
-        return GearSource([self.table.sampler(batch, self.spec.window, random_start=True, timeout=60.0)],
+        return GearSource([self.table.sampler(batch, self.spec.window, random_start=True, timeout=60.0,
+                                              **GearSource.PREFETCH)],
                           self.table.update_priorities)
 
     def close(self) -> None:
@@ -301,41 +307,49 @@ class GearItems(GearLocal):
         self.roles: Dict[int, str] = {}
 
     def source(self, batch: int) -> "GearSource":
-        return GearSource([self.table.sampler(batch, self.spec.window, offset=0, timeout=60.0)],
+        return GearSource([self.table.sampler(batch, self.spec.window, offset=0, timeout=60.0,
+                                              **GearSource.PREFETCH)],
                           self.table.update_priorities)
 
 
+def gear_tensors(batch: Any) -> Tuple[Dict[str, Any], Any]:
+    """A GEAR batch as the learner takes it: its columns and weights as
+    torch tensors sharing the batch's buffer, and its keys (run by the
+    samplers' prefetch threads, as the other systems' background threads
+    make their tensors)."""
+    from torch import from_numpy
+
+    c = batch.columns
+    return {"obs": from_numpy(c["obs"]), "action": from_numpy(c["action"]), "reward": from_numpy(c["reward"]),
+            "weights": from_numpy(batch.weights)}, batch.keys
+
+
 class GearSource:
-    """Batches gathered into preallocated tensor sets, a ring of three per
-    sampler (one being filled, one queued, one training: a prefetch thread
-    never overwrites a batch the learner still holds). `Prefetch` runs one
-    thread per sampler (`fillers`); thread `i` calls `next(i)`, which
-    samples with sampler `i` into ring `i`."""
+    """Batches the samplers' own Rust threads draw ahead (``prefetch=1``:
+    one batch ready and the next being drawn, the lookahead the harness's
+    `Prefetch` gives the other systems) and make into tensors there
+    (``transform=gear_tensors``), taken round robin over the samplers (the
+    cluster keeps one Sample call in flight per sampler). Taking a ready
+    batch runs no Python code and wakes no Python thread."""
+
+    PREFETCH = dict(prefetch=1, transform=gear_tensors)
 
     def __init__(self, samplers: List[Any], update: Any) -> None:
-        import torch
-
         self.samplers = samplers
         self.update_fn = update
-        spec = samplers[0].output_spec()
-        self.rings = [[{c: torch.empty(shape, dtype=getattr(torch, dt)) for c, (dt, shape) in spec.items()}
-                       for _ in range(3)] for _ in samplers]
-        self.next_slots = [0] * len(samplers)
+        self.turn = 0
 
-    @property
-    def fillers(self) -> int:
-        return len(self.samplers)
-
-    def next(self, filler: int = 0) -> Tuple[Dict[str, Any], Any]:
-        import torch
-
-        out = self.rings[filler][self.next_slots[filler]]
-        self.next_slots[filler] = (self.next_slots[filler] + 1) % 3
-        b = self.samplers[filler].sample_into(out)
-        return dict(out, weights=torch.from_numpy(b.weights)), b.keys
+    def next(self) -> Tuple[Dict[str, Any], Any]:
+        sampler = self.samplers[self.turn]
+        self.turn = (self.turn + 1) % len(self.samplers)
+        return sampler.sample()
 
     def update(self, keys: Any, priorities: np.ndarray) -> None:
         self.update_fn(keys, priorities)
+
+    def close(self) -> None:
+        for s in self.samplers:
+            s.close()
 
 
 class GearSink(BufferedSink):
@@ -376,6 +390,8 @@ class GearCluster:
     ctx = "spawn"
     SHARDS = 3
     SAMPLE_CALLS_IN_FLIGHT = 2
+    # Its samplers draw ahead on their own threads (`GearSource`).
+    own_prefetch = True
 
     def __init__(self, spec: Spec) -> None:
         import gear
@@ -426,11 +442,12 @@ class GearCluster:
 
     def source(self, batch: int) -> "GearSource":
         # Each row's window starts at a random step, drawn by its shard.
-        # Two Sample calls in flight, from two prefetch threads (Reverb's
+        # Two Sample calls in flight, from two samplers' threads (Reverb's
         # dataset keeps two batches of samples in flight the same way,
         # `max_in_flight_samples_per_worker = 2 * batch`): the shards gather
         # the next batch while the learner's process receives this one.
-        samplers = [self.cluster.sampler(batch, self.spec.window, random_start=True, timeout=60.0)
+        samplers = [self.cluster.sampler(batch, self.spec.window, random_start=True, timeout=60.0,
+                                         **GearSource.PREFETCH)
                     for _ in range(self.SAMPLE_CALLS_IN_FLIGHT)]
         return GearSource(samplers, self.updates.update_priorities)
 
@@ -849,24 +866,21 @@ class TorchRLSink:
 
 
 class Prefetch:
-    """Background threads filling a queue of one batch: one, or one per
-    filler of a source that has several (`source.fillers`; thread `i`
-    calls `source.next(i)`)."""
+    """A background thread filling a queue of one batch."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self.stop = threading.Event()
         self.error: Optional[BaseException] = None
-        fillers = getattr(source, "fillers", 1)
-        self.threads = [threading.Thread(target=self.run, args=(i, fillers), daemon=True) for i in range(fillers)]
+        self.threads = [threading.Thread(target=self.run, daemon=True)]
         for t in self.threads:
             t.start()
 
-    def run(self, filler: int, fillers: int) -> None:
+    def run(self) -> None:
         try:
             while not self.stop.is_set():
-                item = self.source.next(filler) if fillers > 1 else self.source.next()
+                item = self.source.next()
                 while not self.stop.is_set():
                     try:
                         self.q.put(item, timeout=0.1)
@@ -963,6 +977,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
     updates = AsyncUpdates(feed.update)
     try:
         wait = update = released = 0.0
+        waits: List[float] = []
         data = handle = None
         steps = 0
         timed = False
@@ -973,6 +988,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
             if not timed and now >= t_end:
                 timed = True
                 wait = update = released = 0.0
+                waits = []
                 steps = 0
                 t0, cpu0, ins0 = now, meter.snapshot(), steps_counter.value
                 t_end = now + seconds
@@ -1000,6 +1016,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
             updates.submit(handle, prio)
             d = time.perf_counter()
             wait += b - a
+            waits.append(b - a)
             update += d - c
             steps += 1
         wall = time.perf_counter() - t0
@@ -1026,6 +1043,9 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
         "learner_steps_per_s": steps / wall,
         "windows_per_s": steps * batch / wall,
         "data_wait_share": wait / wall,
+        # Per step: what the share averages (a few long waits or many short).
+        "data_wait_median_us": statistics.median(waits) * 1e6 if waits else 0.0,
+        "data_wait_max_us": max(waits, default=0.0) * 1e6,
         "update_share": update / wall,
         "release_share": released / wall,
         "actor_steps_per_s": inserted / wall,

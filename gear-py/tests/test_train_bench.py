@@ -137,50 +137,47 @@ class NumberedFeed:
 
 
 class CountingSampler:
-    """Stands in for a gear sampler: its n-th batch is filled with
-    `base + n` (slowly, so two fillers interleave)."""
+    """Stands in for a prefetching gear sampler: its n-th batch holds
+    `base + n`, made into tensors by the bench's transform; `close()` is
+    recorded."""
 
     def __init__(self, base):
-        self.base, self.n = base, 0
+        self.base, self.n, self.closed = base, 0, False
 
-    def output_spec(self):
-        return {"obs": ("uint8", (4, 8, 16)), "reward": ("float32", (4, 8))}
-
-    def sample_into(self, out):
-        import time
-
+    def sample(self):
         import numpy as np
 
         value = self.base + self.n
         self.n += 1
-        out["obs"].fill_(value % 251)
-        time.sleep(0.002)
-        out["reward"].fill_(float(value))
-        return types.SimpleNamespace(weights=np.ones(4), keys=value)
+        columns = {"obs": np.full((4, 8, 16), value % 251, np.uint8), "action": np.full((4, 8), value, np.int64),
+                   "reward": np.full((4, 8), float(value), np.float32)}
+        return train_run.gear_tensors(types.SimpleNamespace(columns=columns, weights=np.ones(4), keys=value))
+
+    def close(self):
+        self.closed = True
 
 
-def test_prefetch_with_two_samplers_hands_over_every_batch_once_and_never_overwrites_the_one_in_use():
+def test_gear_source_takes_batches_round_robin_as_tensors_sharing_their_memory_and_closes_its_samplers():
     pytest.importorskip("torch")
-    import time
+    import numpy as np
 
     samplers = [CountingSampler(0), CountingSampler(1000)]
-    feed = train_run.Prefetch(train_run.GearSource(samplers, lambda keys, priorities: None))
-    try:
-        assert len(feed.threads) == 2
-        seen = []
-        for _ in range(40):
-            cols, key = feed.next()
-            # Both threads keep filling meanwhile; the batch held stays whole.
-            time.sleep(0.003)
-            assert bool((cols["obs"] == key % 251).all()) and bool((cols["reward"] == key).all()), key
-            seen.append(key)
-    finally:
-        feed.close()
-    assert all(not t.is_alive() for t in feed.threads)
-    # Each sampler's batches arrive once each, in its own order; both fed the learner.
-    for base in (0, 1000):
-        mine = [k - base for k in seen if base <= k < base + 1000]
-        assert mine == list(range(len(mine))) and mine, seen
+    source = train_run.GearSource(samplers, lambda keys, priorities: None)
+    assert train_run.GearLocal.own_prefetch and train_run.GearCluster.own_prefetch
+    assert train_run.GearSource.PREFETCH["prefetch"] == 1
+    seen = []
+    for _ in range(10):
+        cols, key = source.next()
+        assert bool((cols["obs"] == key % 251).all()) and bool((cols["reward"] == key).all()), key
+        assert cols["weights"].dtype.is_floating_point and tuple(cols["action"].shape) == (4, 8)
+        seen.append(key)
+    assert seen == [0, 1000, 1, 1001, 2, 1002, 3, 1003, 4, 1004]
+    source.close()
+    assert all(s.closed for s in samplers)
+    batch = types.SimpleNamespace(columns={"obs": np.zeros((2, 3, 4), np.uint8), "action": np.zeros((2, 3), np.int64),
+                                           "reward": np.zeros((2, 3), np.float32)}, weights=np.ones(2), keys="k")
+    cols, keys = train_run.gear_tensors(batch)
+    assert keys == "k" and np.shares_memory(cols["obs"].numpy(), batch.columns["obs"])
 
 
 def test_device_feed_hands_over_every_batch_in_order_and_never_overwrites_the_one_in_use():
