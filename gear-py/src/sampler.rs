@@ -120,11 +120,7 @@ impl Sampler {
 
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
         let Source::Direct(inner) = &mut self.source else {
-            return Err(Error::Spec(
-                "sample_into needs a sampler without prefetch: a prefetching sampler gathers into its own \
-                 buffers ahead of time; use sample() or iterate"
-                    .into(),
-            ));
+            return Err(sample_into_while_prefetching());
         };
         let outputs = batch::OutputArrays::parse(out, &self.shape.infos, self.shape.rows, self.shape.window)?;
         let ranges = outputs.ranges.clone();
@@ -220,6 +216,15 @@ impl Sampler {
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         until_closed(self.next_batch(py))
     }
+}
+
+/// The error of `sample_into` on a prefetching sampler.
+pub(crate) fn sample_into_while_prefetching() -> Error {
+    Error::Spec(
+        "sample_into needs a sampler without prefetch: a prefetching sampler gathers into its own buffers ahead \
+         of time; use sample() or iterate"
+            .into(),
+    )
 }
 
 /// The error of a `transform` given without `prefetch`.

@@ -206,11 +206,7 @@ impl ClusterSampler {
     /// cluster.
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
         if self.ahead.is_some() {
-            return Err(Error::Spec(
-                "sample_into needs a sampler without prefetch: a prefetching sampler gathers into its own \
-                 buffers ahead of time; use sample() or iterate"
-                    .into(),
-            ));
+            return Err(crate::sampler::sample_into_while_prefetching());
         }
         let outputs = batch::OutputArrays::parse(out, &self.shape.infos, self.shape.rows, self.shape.window)?;
         let started = Instant::now();
