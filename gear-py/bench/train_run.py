@@ -1090,6 +1090,14 @@ def main() -> int:
         if model not in ("0", "S", "M") or not batch.isdigit() or int(batch) < 1:
             ap.error(f"--configs: {c!r} is not MODEL:BATCH with MODEL 0, S or M")
         configs.append((model, int(batch)))
+    # The largest model first: one pipeline's configurations share its
+    # rate limiter, and a faster learner before a slower one would leave
+    # the limiter's slack drained (the actors then owe it more than a
+    # slower learner's run lasts), so the slower configuration would be
+    # timed paying a debt it did not make; the other way round, a faster
+    # learner spends the slack a slower one left in a fraction of its
+    # warmup.
+    configs.sort(key=lambda c: "0SM".index(c[0]), reverse=True)
     if args.window < 1 or args.window > EPISODE:
         ap.error(f"--window must be within 1..{EPISODE}")
     spec = Spec(args)
