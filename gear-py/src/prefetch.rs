@@ -54,6 +54,9 @@ pub(crate) struct Prefetcher {
     depth: usize,
     /// The process the thread runs in (a forked child has no copy of it).
     pid: u32,
+    /// The thread's id: a `transform` that samples its own sampler would
+    /// wait on itself for ever.
+    thread_id: std::thread::ThreadId,
 }
 
 impl Prefetcher {
@@ -79,6 +82,16 @@ impl Prefetcher {
     {
         if !(1..=MAX_PREFETCH).contains(&depth) {
             return Err(Error::Spec(format!("prefetch must be 0 (off) to {MAX_PREFETCH} batches, got {depth}")));
+        }
+        if let Some(f) = &transform {
+            Python::attach(|py| {
+                let f = f.bind(py);
+                if f.is_callable() {
+                    Ok(())
+                } else {
+                    Err(Error::Spec(format!("transform must be callable, got a {}", f.get_type())))
+                }
+            })?;
         }
         let (to_learner, ready) = sync_channel(depth);
         let stop = Arc::new(AtomicBool::new(false));
@@ -121,6 +134,7 @@ impl Prefetcher {
                 }
             })
             .map_err(|e| Error::Spec(format!("cannot start the prefetch thread: {e}")))?;
+        let thread_id = thread.thread().id();
         Ok(Prefetcher {
             ready: Mutex::new(Some(ready)),
             stop,
@@ -128,6 +142,7 @@ impl Prefetcher {
             ended: Mutex::new(None),
             depth,
             pid: std::process::id(),
+            thread_id,
         })
     }
 
@@ -142,6 +157,9 @@ impl Prefetcher {
                  make the sampler here"
                     .into(),
             ));
+        }
+        if std::thread::current().id() == self.thread_id {
+            return Err(Error::Spec("a sampler's transform cannot sample from that sampler".into()));
         }
         if let Some(ended) = self.ended.lock().clone() {
             return Err(ended_error(ended));

@@ -89,7 +89,28 @@ def test_a_transform_runs_on_the_prefetch_thread_and_its_error_ends_sampling():
         sampler.sample()
     with pytest.raises(gear.SpecError, match="prefetch"):
         table.sampler(8, 3, transform=as_tuple)
+    with pytest.raises(gear.SpecError, match="callable"):
+        table.sampler(8, 3, prefetch=1, transform=5)
     table.close()
+
+
+def test_a_transform_sampling_its_own_sampler_is_an_error_not_a_hang():
+    out = run_child("""
+import sys, numpy as np, gear
+t = gear.Table([("v", "int64")], max_len=1, capacity=8)
+t.writer().insert_batch({"v": np.arange(4, dtype=np.int64)})
+holder = {}
+s = t.sampler(2, prefetch=1, transform=lambda b: holder["s"].sample())
+holder["s"] = s
+try:
+    s.sample()
+except Exception as e:
+    print(type(e).__name__, e)
+    sys.exit(0)
+sys.exit(3)
+""", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "cannot sample from that sampler" in out.stdout or "borrowed" in out.stdout, out.stdout
 
 
 def test_a_timeout_is_raised_in_its_turn_and_sampling_goes_on():
