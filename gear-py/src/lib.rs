@@ -60,6 +60,9 @@ fn _gear(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "cuda")]
     m.add_class::<cuda::CudaSampler>()?;
     m.add_function(wrap_pyfunction!(sequence_priority, m)?)?;
+    m.add_function(wrap_pyfunction!(prefetch::_stop_prefetching, m)?)?;
+    // Prefetching samplers' threads end before the interpreter finalizes.
+    py.import("atexit")?.call_method1("register", (m.getattr("_stop_prefetching")?,))?;
     m.add_function(wrap_pyfunction!(hdf5::import_hdf5, m)?)?;
     m.add_function(wrap_pyfunction!(hdf5::export_hdf5, m)?)?;
     m.add("GearError", py.get_type::<error::GearError>())?;

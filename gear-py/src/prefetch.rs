@@ -41,6 +41,17 @@ enum Ended {
 
 /// The thread drawing batches ahead and the receiving end of its batches.
 pub(crate) struct Prefetcher {
+    control: Arc<Control>,
+    ended: Mutex<Option<Ended>>,
+    depth: usize,
+    /// The thread's id: a `transform` that samples its own sampler would
+    /// wait on itself for ever.
+    thread_id: std::thread::ThreadId,
+}
+
+/// What stops a prefetching sampler's thread: shared with the registry
+/// that stops every live one before the interpreter finalizes.
+struct Control {
     /// Batches (Python objects, made on the thread) in the order they were
     /// drawn, then the error that ended the thread, if one did.
     /// (`Receiver` is not `Sync`; the lock makes the sampler shareable as
@@ -50,13 +61,52 @@ pub(crate) struct Prefetcher {
     /// Set to end the thread.
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    ended: Mutex<Option<Ended>>,
-    depth: usize,
     /// The process the thread runs in (a forked child has no copy of it).
     pid: u32,
-    /// The thread's id: a `transform` that samples its own sampler would
-    /// wait on itself for ever.
-    thread_id: std::thread::ThreadId,
+}
+
+/// Longest `_stop_prefetching` waits for one thread (a `transform` that never
+/// returns is left behind).
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Control {
+    /// Ends the thread and waits for it (without the GIL, at most
+    /// [`STOP_WAIT`]): it finishes the draw or the `transform` it is in.
+    fn shut(&self, py: Python<'_>) {
+        self.stop.store(true, Ordering::Release);
+        // Dropping the receiver frees a thread blocked on a full channel.
+        drop(self.ready.lock().take());
+        if std::process::id() != self.pid {
+            return;
+        }
+        if let Some(thread) = self.thread.lock().take() {
+            py.detach(|| {
+                let started = std::time::Instant::now();
+                while !thread.is_finished() && started.elapsed() < STOP_WAIT {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                if thread.is_finished() {
+                    let _ = thread.join();
+                }
+            });
+        }
+    }
+}
+
+/// Every prefetching sampler's control, so that [`_stop_prefetching`] can end
+/// their threads before the interpreter finalizes.
+static LIVE: Mutex<Vec<std::sync::Weak<Control>>> = Mutex::new(Vec::new());
+
+/// Ends every prefetching sampler's thread of this process and waits for
+/// each; registered with `atexit` by the module. A thread still inside
+/// Python (making a batch, running a `transform`) when finalization
+/// began would abort the process when it let go of the GIL.
+#[pyfunction]
+pub(crate) fn _stop_prefetching(py: Python<'_>) {
+    let live: Vec<_> = std::mem::take(&mut *LIVE.lock());
+    for control in live.iter().filter_map(std::sync::Weak::upgrade) {
+        control.shut(py);
+    }
 }
 
 impl Prefetcher {
@@ -135,15 +185,16 @@ impl Prefetcher {
             })
             .map_err(|e| Error::Spec(format!("cannot start the prefetch thread: {e}")))?;
         let thread_id = thread.thread().id();
-        Ok(Prefetcher {
+        let control = Arc::new(Control {
             ready: Mutex::new(Some(ready)),
             stop,
             thread: Mutex::new(Some(thread)),
-            ended: Mutex::new(None),
-            depth,
             pid: std::process::id(),
-            thread_id,
-        })
+        });
+        let mut live = LIVE.lock();
+        live.retain(|c| c.strong_count() > 0);
+        live.push(Arc::downgrade(&control));
+        Ok(Prefetcher { control, ended: Mutex::new(None), depth, thread_id })
     }
 
     /// The next batch drawn ahead: at once when one is ready, else waiting
@@ -151,7 +202,7 @@ impl Prefetcher {
     /// interrupts). The thread's own error (a timeout of the sampler's
     /// `timeout`, a closed table) is raised here, in its turn.
     pub(crate) fn next(&self, py: Python<'_>) -> Result<Py<PyAny>> {
-        if std::process::id() != self.pid {
+        if std::process::id() != self.control.pid {
             return Err(Error::Spec(
                 "a prefetching sampler was made in the parent process; its thread is not in this forked child: \
                  make the sampler here"
@@ -164,7 +215,7 @@ impl Prefetcher {
         if let Some(ended) = self.ended.lock().clone() {
             return Err(ended_error(ended));
         }
-        let first = match self.ready.lock().as_ref() {
+        let first = match self.control.ready.lock().as_ref() {
             Some(ready) => ready.try_recv(),
             None => return Err(ended_error(Ended::Stopped)),
         };
@@ -172,7 +223,8 @@ impl Prefetcher {
             Ok(got) => Some(got),
             Err(TryRecvError::Disconnected) => None,
             Err(TryRecvError::Empty) => loop {
-                let waited = py.detach(|| self.ready.lock().as_ref().map(|ready| ready.recv_timeout(WAIT_SLICE)));
+                let waited =
+                    py.detach(|| self.control.ready.lock().as_ref().map(|ready| ready.recv_timeout(WAIT_SLICE)));
                 match waited {
                     Some(Ok(got)) => break Some(got),
                     Some(Err(RecvTimeoutError::Disconnected)) | None => break None,
@@ -200,26 +252,21 @@ impl Prefetcher {
         self.depth
     }
 
-    /// Ends the thread and waits for it (at most one draw; without the GIL).
-    /// Batches already drawn are dropped; those the caller holds stay valid.
+    /// Ends the thread and waits for it (it finishes the draw or the
+    /// `transform` it is in; without the GIL). Batches already drawn are
+    /// dropped; those the caller holds stay valid.
     pub(crate) fn close(&self, py: Python<'_>) {
-        self.stop.store(true, Ordering::Release);
-        // Dropping the receiver frees a thread blocked on a full channel.
-        drop(self.ready.lock().take());
-        if let Some(thread) = self.thread.lock().take() {
-            py.detach(|| {
-                let _ = thread.join();
-            });
-        }
+        self.control.shut(py);
         self.ended.lock().get_or_insert(Ended::Stopped);
     }
 }
 
 impl Drop for Prefetcher {
     /// Tells the thread to end without waiting for it: it owns what it
-    /// touches and ends at its next check.
+    /// touches and ends at its next check (or when its send fails).
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.control.stop.store(true, Ordering::Release);
+        drop(self.control.ready.lock().take());
     }
 }
 

@@ -204,3 +204,24 @@ s.sample()
 print("ok")
 """, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_process_exits_cleanly_while_the_thread_is_inside_a_transform():
+    """The thread is in Python (making batches, running a transform) when
+    the main thread exits: the module's atexit hook ends it first (a
+    thread letting go of the GIL during finalization aborted the process,
+    in about a third of such exits)."""
+    code = """
+import sys, time, numpy as np, gear
+t = gear.Table([("v", "int64"), ("o", "uint8", (4096,))], max_len=8, capacity=64)
+t.writer().insert_batch({"v": np.zeros((16, 8), np.int64), "o": np.zeros((16, 8, 4096), np.uint8)}, steps=8)
+def slow(batch):
+    time.sleep(float(sys.argv[1]))
+    return batch
+s = t.sampler(4, 4, prefetch=4, transform=slow)
+s.sample()
+print("ok", flush=True)
+"""
+    for delay in ("0", "0.001", "0.01") * 4:
+        out = run_child(code, delay, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", (delay, out.returncode, out.stderr[-500:])
