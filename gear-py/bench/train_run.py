@@ -873,9 +873,8 @@ class Prefetch:
         self.q: "queue.Queue[Any]" = queue.Queue(maxsize=1)
         self.stop = threading.Event()
         self.error: Optional[BaseException] = None
-        self.threads = [threading.Thread(target=self.run, daemon=True)]
-        for t in self.threads:
-            t.start()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
 
     def run(self) -> None:
         try:
@@ -906,8 +905,7 @@ class Prefetch:
             self.q.get_nowait()
         except queue.Empty:
             pass
-        for t in self.threads:
-            t.join(timeout=30)
+        self.thread.join(timeout=30)
 
 
 class AsyncUpdates:
