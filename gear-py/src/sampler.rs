@@ -22,14 +22,13 @@ pub struct Sampler {
     source: Source,
     timeout: Option<Duration>,
     shape: BatchShape,
-    column_bytes: Vec<usize>,
-    pool: BufferPool<BatchStorage>,
 }
 
 /// Where a sampler's batches come from.
 enum Source {
-    /// Drawn by each call.
-    Direct(Box<gear_api::Sampler>),
+    /// Drawn by each call, into the pool's buffers (of columns of
+    /// `column_bytes`).
+    Direct { sampler: Box<gear_api::Sampler>, column_bytes: Vec<usize>, pool: BufferPool<BatchStorage> },
     /// Drawn ahead by a thread.
     Ahead(Prefetcher),
 }
@@ -66,22 +65,16 @@ impl Sampler {
         let (rows, window) = (layout.rows(), layout.window().len as usize);
         let shape = BatchShape { infos: infos.into(), descrs, rows, window, pad };
         let source = match (prefetch, transform) {
-            (0, None) => Source::Direct(Box::new(inner)),
+            (0, None) => Source::Direct { sampler: Box::new(inner), column_bytes, pool: BufferPool::new() },
             (0, Some(_)) => return Err(no_transform_without_prefetch()),
             (depth, transform) => {
                 let made = shape.clone_ref(py);
                 let make =
                     move |py: Python<'_>, storage, facts| Ok(Py::new(py, made.batch(py, storage, facts)?)?.into_any());
-                Source::Ahead(Prefetcher::start(
-                    depth,
-                    column_bytes.clone(),
-                    draw_ahead(inner, timeout),
-                    make,
-                    transform,
-                )?)
+                Source::Ahead(Prefetcher::start(depth, column_bytes, draw_ahead(inner, timeout), make, transform)?)
             }
         };
-        Ok(Sampler { source, timeout, shape, column_bytes, pool: BufferPool::new() })
+        Ok(Sampler { source, timeout, shape })
     }
 
     /// The next batch: drawn now, or taken from those drawn ahead (then
@@ -89,16 +82,15 @@ impl Sampler {
     fn next_batch(&mut self, py: Python<'_>) -> Result<Py<PyAny>> {
         match &self.source {
             Source::Ahead(ahead) => ahead.next(py),
-            Source::Direct(_) => Ok(Py::new(py, self.sample_batch(py)?)?.into_any()),
+            Source::Direct { .. } => Ok(Py::new(py, self.sample_batch(py)?)?.into_any()),
         }
     }
 
     fn sample_batch(&mut self, py: Python<'_>) -> Result<Batch> {
-        let Source::Direct(inner) = &mut self.source else {
+        let Source::Direct { sampler: inner, column_bytes, pool } = &mut self.source else {
             return Err(Error::Spec("sample_batch of a prefetching sampler".into()));
         };
-        let column_bytes = &self.column_bytes;
-        let mut storage = self.pool.take_or(|| BatchStorage::new(column_bytes))?;
+        let mut storage = pool.take_or(|| BatchStorage::new(column_bytes))?;
         let filled = wait::interruptible(py, self.timeout, || {
             let Some(unique) = Arc::get_mut(&mut storage) else {
                 return Err(gear_api::Error::Config("batch buffer is shared".into()));
@@ -110,16 +102,16 @@ impl Sampler {
         let facts = match filled {
             Ok(f) => f,
             Err(e) => {
-                self.pool.keep(storage);
+                pool.keep(storage);
                 return Err(e);
             }
         };
-        self.pool.keep(storage.clone());
+        pool.keep(storage.clone());
         self.shape.batch(py, storage, facts)
     }
 
     fn sample_into_arrays(&mut self, py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<Batch> {
-        let Source::Direct(inner) = &mut self.source else {
+        let Source::Direct { sampler: inner, .. } = &mut self.source else {
             return Err(sample_into_while_prefetching());
         };
         let outputs = batch::OutputArrays::parse(out, &self.shape.infos, self.shape.rows, self.shape.window)?;
@@ -179,7 +171,7 @@ impl Sampler {
     #[getter]
     fn prefetch(&self) -> usize {
         match &self.source {
-            Source::Direct(_) => 0,
+            Source::Direct { .. } => 0,
             Source::Ahead(ahead) => ahead.depth(),
         }
     }
