@@ -67,7 +67,7 @@ pub(crate) struct ClientCore {
     pub(crate) shards: Vec<ShardConn>,
     pub(crate) config: ClusterConfig,
     /// `authorization: Bearer <token>`, for calls made by hand.
-    token: HeaderValue,
+    pub(crate) token: HeaderValue,
     pub(crate) state: Mutex<Vec<ShardState>>,
     rng: Mutex<Xoshiro256>,
     pub(crate) next_writer: Mutex<usize>,

@@ -12,13 +12,16 @@
 //! stream counts as not committed (whatever it had stored went with it or is
 //! stale under its next incarnation).
 
-use super::cluster::{status, ClientCore, Grpc};
+use super::call::{self, CallError};
+use super::cluster::{status, ClientCore};
 use super::{RemoteKey, RemoteTrajectory};
+use crate::channel::ShardChannel;
 use crate::committed::committed_keys;
 use crate::error::{Error, Result};
 use crate::proto::InsertChunk;
 use bytes::Bytes;
 use std::time::Duration;
+use tonic::codegen::http::HeaderValue;
 
 /// Trajectories per insert stream: small enough that the keys of a failed
 /// stream fit the error's details ([`crate::committed::MAX_DETAIL_BYTES`]),
@@ -31,36 +34,43 @@ struct ShardOutcome {
     failure: Option<Error>,
 }
 
-/// Sends `list` to shard `shard`, stream after stream, each finished
-/// within `timeout`, stopping at the first failure.
-async fn insert_into_shard(
+/// How one shard's insert streams are sent.
+struct ShardCall {
     shard: usize,
-    mut client: Grpc,
+    channel: ShardChannel,
+    token: HeaderValue,
     table: String,
-    list: Vec<(usize, RemoteTrajectory)>,
-    chunk_steps: u64,
     timeout: Duration,
-) -> ShardOutcome {
+    max_message_bytes: usize,
+}
+
+/// Sends `list` to the call's shard, stream after stream, each finished
+/// within the call's timeout, stopping at the first failure.
+async fn insert_into_shard(call: ShardCall, list: Vec<(usize, RemoteTrajectory)>, chunk_steps: u64) -> ShardOutcome {
+    let ShardCall { shard, channel, token, table, timeout, max_message_bytes } = call;
     let mut committed = Vec::with_capacity(list.len());
     let mut rest = list.into_iter().peekable();
     while rest.peek().is_some() {
         let stream: Vec<(usize, RemoteTrajectory)> = rest.by_ref().take(TRAJECTORIES_PER_STREAM).collect();
         let order: Vec<usize> = stream.iter().map(|(i, _)| *i).collect();
         let chunks = chunks_of(&table, stream.into_iter().map(|(_, t)| t), chunk_steps);
-        let call = tokio::time::timeout(timeout, client.insert(tokio_stream::iter(chunks)));
+        let call = tokio::time::timeout(timeout, call::insert(&channel, &token, chunks, max_message_bytes));
         let reply = call.await.unwrap_or_else(|_| {
-            Err(tonic::Status::deadline_exceeded(format!("the insert stream did not finish within {timeout:?}")))
+            Err(CallError::Status(tonic::Status::deadline_exceeded(format!(
+                "the insert stream did not finish within {timeout:?}"
+            ))))
         });
         let (keys, failure) = match reply {
             Ok(reply) => {
-                let keys = reply.into_inner().keys;
+                let keys = reply.keys;
                 if keys.len() != order.len() {
                     let what = format!("{} keys for {} trajectories", keys.len(), order.len());
                     return ShardOutcome { committed, failure: Some(Error::Malformed { shard, what }) };
                 }
                 (keys, None)
             }
-            Err(e) => (committed_keys(&e), Some(status(shard, e))),
+            Err(CallError::Status(e)) => (committed_keys(&e), Some(status(shard, e))),
+            Err(CallError::Malformed(what)) => (Vec::new(), Some(Error::Malformed { shard, what })),
         };
         if keys.len() > order.len() || keys.iter().any(|k| k.shard as usize != shard) {
             let what = format!("{} keys, some of another shard, for {} trajectories", keys.len(), order.len());
@@ -91,10 +101,15 @@ impl ClientCore {
             if list.is_empty() {
                 continue;
             }
-            let client = self.shards[s].grpc.clone();
-            let timeout = self.config.call_timeout;
-            let table = self.config.table.clone();
-            let id = calls.spawn(insert_into_shard(s, client, table, list, chunk_steps, timeout)).id();
+            let call = ShardCall {
+                shard: s,
+                channel: self.shards[s].channel.clone(),
+                token: self.token.clone(),
+                table: self.config.table.clone(),
+                timeout: self.config.call_timeout,
+                max_message_bytes: self.config.max_message_bytes,
+            };
+            let id = calls.spawn(insert_into_shard(call, list, chunk_steps)).id();
             shard_of.insert(id, s);
         }
         let mut outcomes = Vec::new();
