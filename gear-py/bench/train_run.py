@@ -1078,6 +1078,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--min-steps", type=int, default=2, help="timed learner steps at least")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="the learner's torch intra-op threads (0: one per CPU core)")
     ap.add_argument("--device", default="host",
                     help="'host' (train where the batch lies) or a torch device (cuda, cuda:1, cpu): the model "
                          "there, batches staged to it one step ahead")
@@ -1096,6 +1098,8 @@ def main() -> int:
     # learner spends the slack a slower one left in a fraction of its
     # warmup.
     configs.sort(key=lambda c: "0SM".index(c[0]), reverse=True)
+    if args.torch_threads < 0:
+        ap.error("--torch-threads must be 0 (one per core) or more")
     if args.window < 1 or args.window > EPISODE:
         ap.error(f"--window must be within 1..{EPISODE}")
     spec = Spec(args)
@@ -1115,7 +1119,7 @@ def main() -> int:
         meter = CpuMeter(roles)
         import torch  # after the actors started: none of them forks a process that has torch's threads
 
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(args.torch_threads or os.cpu_count() or 1)
         if args.device != "host":
             from train_device import resolve
 
