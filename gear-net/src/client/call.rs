@@ -429,6 +429,26 @@ mod tests {
         assert!(insert_reply(&garbage).unwrap_err().contains("not an InsertReply"));
     }
 
+    proptest::proptest! {
+        /// Whatever a shard sends as an insert reply or a status, reading
+        /// it is an answer or an error, never a panic.
+        #[test]
+        fn any_insert_reply_or_status_headers_are_read_without_panicking(
+            reply in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            status in proptest::collection::vec(0x20u8..0x7f, 0..8),
+            message in proptest::collection::vec(0x20u8..0x7f, 0..32),
+            details in proptest::collection::vec(0x20u8..0x7f, 0..48),
+        ) {
+            let _ = insert_reply(&reply);
+            let mut h = HeaderMap::new();
+            for (name, value) in [("grpc-status", &status), ("grpc-message", &message), ("grpc-status-details-bin", &details)] {
+                h.insert(name, HeaderValue::from_bytes(value).unwrap());
+            }
+            let read = status_from_headers(&h).unwrap();
+            let _ = crate::committed::committed_keys(&read);
+        }
+    }
+
     #[test]
     fn a_request_is_framed_as_one_grpc_message() {
         let r = SampleRequest { rows: 3, window_len: 2, ..SampleRequest::default() };
