@@ -1138,8 +1138,14 @@ def main() -> int:
             print(json.dumps(out), flush=True)
     finally:
         system.close()
+        # One deadline for all actors, not one each: the actors of systems
+        # whose close does not reach them (cpprb's, TorchRL's: they wait on
+        # the harness's limiter, which no learner moves any more) are
+        # killed after it, so ending takes 5 s, not 5 s per actor.
+        deadline = time.monotonic() + 5
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join()
