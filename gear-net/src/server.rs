@@ -31,9 +31,11 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 mod data_plane;
+mod insert_route;
 mod reply;
 mod tables;
 pub use data_plane::DataPlaneServer;
+use insert_route::{ChunkSource, InsertRoute};
 pub use reply::SampleReplyOut;
 use tables::ServedTable;
 pub use tables::{check_table_name, NamedTable, ServedTables, DEFAULT_TABLE, MAX_TABLE_NAME};
@@ -282,18 +284,20 @@ impl ShardService {
         }))
     }
 
+    /// Appends the chunks of one insert stream (see `insert_route`), each
+    /// trajectory committed by its `end` chunk; a failure lists the keys
+    /// committed before it (`crate::committed`).
     async fn insert_into(
         &self,
-        request: Request<Streaming<InsertChunk>>,
+        mut stream: impl ChunkSource,
         timer: &mut RpcTimer,
-    ) -> std::result::Result<Response<InsertReply>, Status> {
-        let mut stream = request.into_inner();
+    ) -> std::result::Result<InsertReply, Status> {
         // The table and its writer, from the first chunk.
         let mut target: Option<(&ServedTable, Writer)> = None;
         let mut open: Option<Trajectory> = None;
         let mut keys = Vec::new();
         let mut steps = 0u64;
-        while let Some(chunk) = stream.message().await.map_err(|s| committed::failed(s, &keys, steps))? {
+        while let Some(chunk) = stream.next_chunk().await.map_err(|s| committed::failed(s, &keys, steps))? {
             match &target {
                 None => {
                     let served = self.find(&chunk.table, timer).map_err(|s| committed::failed(s, &keys, steps))?;
@@ -346,7 +350,7 @@ impl ShardService {
             keys.extend(key.map(|k| key_to_proto(self.shard, served.incarnation, k)));
         }
         // A trajectory left open by a stream that ended is abandoned on drop.
-        Ok(Response::new(InsertReply { keys, steps }))
+        Ok(InsertReply { keys, steps })
     }
 }
 
@@ -436,7 +440,7 @@ impl Shard for ShardService {
         request: Request<Streaming<InsertChunk>>,
     ) -> std::result::Result<Response<InsertReply>, Status> {
         let mut timer = RpcTimer::start(&self.tables, Method::Insert);
-        let reply = self.insert_into(request, &mut timer).await;
+        let reply = self.insert_into(request.into_inner(), &mut timer).await.map(Response::new);
         timed(timer, reply)
     }
 }
@@ -536,16 +540,25 @@ impl ServerHandle {
                         }
                         socket
                     });
-                let server = ShardServer::new(service)
+                let service = Arc::new(service);
+                let server = ShardServer::from_arc(service.clone())
                     .max_decoding_message_size(max as usize)
                     .max_encoding_message_size(max as usize);
+                // `Insert` is served by the route itself, without tonic's
+                // decode buffer (server/insert_route.rs).
+                let server = InsertRoute::new(
+                    InterceptedService::new(server, TokenCheck::new(&token)),
+                    service,
+                    TokenCheck::new(&token),
+                    max as usize,
+                );
                 builder
                     .tcp_nodelay(true)
                     .initial_stream_window_size(Some(8 << 20))
                     .initial_connection_window_size(Some(32 << 20))
                     // Large frames: fewer HTTP/2 frames per inserted trajectory.
                     .max_frame_size(Some((1 << 24) - 1))
-                    .add_service(InterceptedService::new(server, TokenCheck::new(&token)))
+                    .add_service(server)
                     .add_service(InterceptedService::new(data_service, TokenCheck::new(&token)))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;

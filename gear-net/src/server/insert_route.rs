@@ -1,0 +1,318 @@
+//! The shard's `Insert` method served without tonic's decode buffer.
+//!
+//! tonic copies every DATA frame of a request into one buffer before it
+//! decodes a message, so each inserted byte was copied twice on the shard
+//! (into that buffer, then into the table). [`InsertRoute`] sits in front of
+//! the generated service and takes `/gear.v1.Shard/Insert` itself: it
+//! checks the token as the interceptor does, keeps the request's DATA frames
+//! as they arrived (slices of hyper's read buffer), and decodes each gRPC
+//! message with prost over those frames ([`Frames`]), so a column that
+//! arrived inside one frame becomes a slice of it and reaches the table with
+//! its one copy. A column split across frames is gathered into one buffer
+//! (prost's `copy_to_bytes`), as before. Every other method goes to the
+//! generated service unchanged.
+//!
+//! The rest is the gRPC protocol as tonic serves it: a message above the
+//! server's limit is `OutOfRange` with tonic's wording, a compressed one
+//! `Unimplemented`, a stream that ends inside a message `Internal`; the
+//! reply is one message and `grpc-status: 0` in the trailers, a failure a
+//! "trailers only" response (`Status::into_http`), with the committed keys
+//! in its details as before. What arrives is network input: lengths are
+//! checked before anything is buffered past them, and nothing panics.
+
+use super::ShardService;
+use crate::auth::TokenCheck;
+use crate::metrics::{Method, RpcTimer};
+use crate::proto::{InsertChunk, InsertReply};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use prost::Message;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tonic::body::BoxBody;
+use tonic::codegen::http::{self, HeaderMap, HeaderValue};
+use tonic::codegen::{Body, Service};
+use tonic::server::NamedService;
+use tonic::service::Interceptor;
+use tonic::Status;
+
+/// The method this route serves itself.
+const INSERT_PATH: &str = "/gear.v1.Shard/Insert";
+
+/// Where an insert stream's chunks come from: tonic's decoder, or
+/// [`Frames`] (this module).
+pub(crate) trait ChunkSource: Send {
+    /// The next chunk; `None` once the stream ended cleanly.
+    fn next_chunk(&mut self) -> impl Future<Output = Result<Option<InsertChunk>, Status>> + Send;
+}
+
+impl ChunkSource for tonic::Streaming<InsertChunk> {
+    async fn next_chunk(&mut self) -> Result<Option<InsertChunk>, Status> {
+        self.message().await
+    }
+}
+
+/// `inner` (the generated service behind the token check), with `Insert`
+/// served by [`ShardService::insert_into`] over [`Frames`].
+#[derive(Clone)]
+pub(crate) struct InsertRoute<S> {
+    inner: S,
+    service: Arc<ShardService>,
+    token: TokenCheck,
+    max_message_bytes: usize,
+}
+
+impl<S> InsertRoute<S> {
+    /// Routes `Insert` calls for `service` (checked against `token`, messages
+    /// of at most `max_message_bytes`) and every other call to `inner`.
+    pub(crate) fn new(inner: S, service: Arc<ShardService>, token: TokenCheck, max_message_bytes: usize) -> Self {
+        InsertRoute { inner, service, token, max_message_bytes }
+    }
+}
+
+impl<S: NamedService> NamedService for InsertRoute<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<BoxBody>> for InsertRoute<S>
+where
+    S: Service<http::Request<BoxBody>, Response = http::Response<BoxBody>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<BoxBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<BoxBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<BoxBody>) -> Self::Future {
+        if request.uri().path() != INSERT_PATH {
+            return Box::pin(self.inner.call(request));
+        }
+        let (service, mut token, max) = (self.service.clone(), self.token.clone(), self.max_message_bytes);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
+            let mut check = tonic::Request::new(());
+            *check.metadata_mut() = metadata;
+            if let Err(status) = token.call(check) {
+                return Ok(status.into_http());
+            }
+            let mut timer = RpcTimer::start(&service.tables, Method::Insert);
+            let reply = service.insert_into(Frames::new(body, max), &mut timer).await;
+            timer.finish(reply.is_ok());
+            Ok(match reply {
+                Ok(reply) => reply_response(&reply),
+                Err(status) => status.into_http(),
+            })
+        })
+    }
+}
+
+/// A successful `Insert` response: `reply` as one gRPC message, then
+/// `grpc-status: 0` in the trailers.
+fn reply_response(reply: &InsertReply) -> http::Response<BoxBody> {
+    let len = reply.encoded_len();
+    let mut message = BytesMut::with_capacity(5 + len);
+    message.put_u8(0);
+    message.put_u32(len as u32);
+    // A `BytesMut` grows as needed: encoding into it cannot fail.
+    let _ = reply.encode(&mut message);
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let body = ReplyBody { message: Some(message.freeze()), trailers: Some(trailers) };
+    let mut response = http::Response::new(tonic::body::boxed(body));
+    response.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    response
+}
+
+/// One message's DATA frame, then the trailers.
+struct ReplyBody {
+    message: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for ReplyBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Status>>> {
+        if let Some(message) = self.message.take() {
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(message))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(hyper::body::Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && self.trailers.is_none()
+    }
+}
+
+/// A request body's DATA frames as they arrived, decoded into insert
+/// chunks message by message (see the module doc).
+pub(crate) struct Frames {
+    body: BoxBody,
+    frames: VecDeque<Bytes>,
+    /// Bytes in `frames`.
+    buffered: usize,
+    /// The request's body has ended.
+    ended: bool,
+    max_message_bytes: usize,
+}
+
+impl Frames {
+    /// Chunks of `body`, each message at most `max_message_bytes` long.
+    pub(crate) fn new(body: BoxBody, max_message_bytes: usize) -> Self {
+        Frames { body, frames: VecDeque::new(), buffered: 0, ended: false, max_message_bytes }
+    }
+
+    /// Adds one DATA frame's bytes (empty frames are dropped).
+    fn push(&mut self, data: Bytes) {
+        if !data.is_empty() {
+            self.buffered += data.len();
+            self.frames.push_back(data);
+        }
+    }
+
+    /// The first `N` bytes buffered, without consuming them (`None` if
+    /// fewer are there).
+    fn peek<const N: usize>(&self) -> Option<[u8; N]> {
+        if self.buffered < N {
+            return None;
+        }
+        let mut out = [0u8; N];
+        let mut filled = 0;
+        for frame in &self.frames {
+            let take = (N - filled).min(frame.len());
+            out[filled..filled + take].copy_from_slice(&frame[..take]);
+            filled += take;
+            if filled == N {
+                break;
+            }
+        }
+        Some(out)
+    }
+
+    /// The next whole message's chunk, if all of it is buffered.
+    fn take_message(&mut self) -> Result<Option<InsertChunk>, Status> {
+        let Some([flag, a, b, c, d]) = self.peek::<5>() else { return Ok(None) };
+        let len = u32::from_be_bytes([a, b, c, d]) as usize;
+        if flag != 0 {
+            return Err(Status::unimplemented(format!(
+                "insert chunk compressed (gRPC flag {flag}): this server takes uncompressed messages only"
+            )));
+        }
+        if len > self.max_message_bytes {
+            return Err(Status::out_of_range(format!(
+                "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
+                self.max_message_bytes
+            )));
+        }
+        if self.buffered < 5 + len {
+            return Ok(None);
+        }
+        let mut message = MessageBytes { frames: &mut self.frames, remaining: 5 + len };
+        message.advance(5);
+        let chunk = InsertChunk::decode(&mut message).map_err(|e| Status::internal(e.to_string()));
+        // prost reads a message to the end of its buffer; what it left (on an
+        // error) is dropped with the message.
+        let rest = message.remaining;
+        message.advance(rest);
+        self.buffered -= 5 + len;
+        chunk.map(Some)
+    }
+}
+
+impl ChunkSource for Frames {
+    async fn next_chunk(&mut self) -> Result<Option<InsertChunk>, Status> {
+        loop {
+            if let Some(chunk) = self.take_message()? {
+                return Ok(Some(chunk));
+            }
+            if self.ended {
+                return match self.buffered {
+                    0 => Ok(None),
+                    n => Err(Status::internal(format!("the insert stream ended inside a message ({n} bytes of it)"))),
+                };
+            }
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut self.body).poll_frame(cx)).await;
+            match frame {
+                None => self.ended = true,
+                Some(Err(status)) => return Err(status),
+                // Trailers of a request carry nothing for us.
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.push(data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One message's bytes at the front of `frames` as a [`Buf`] whose
+/// `copy_to_bytes` slices a frame instead of copying when the bytes lie
+/// inside it (prost takes `bytes` fields that way).
+struct MessageBytes<'a> {
+    frames: &'a mut VecDeque<Bytes>,
+    remaining: usize,
+}
+
+impl Buf for MessageBytes<'_> {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        match self.frames.front() {
+            Some(front) => &front[..front.len().min(self.remaining)],
+            None => &[],
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        assert!(n <= self.remaining, "advance past the message's end");
+        self.remaining -= n;
+        while n > 0 {
+            let Some(front) = self.frames.front_mut() else { return };
+            if front.len() > n {
+                front.advance(n);
+                return;
+            }
+            n -= front.len();
+            self.frames.pop_front();
+        }
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        assert!(len <= self.remaining, "copy_to_bytes past the message's end");
+        if let Some(front) = self.frames.front_mut() {
+            if front.len() >= len {
+                let out = front.split_to(len);
+                if front.is_empty() {
+                    self.frames.pop_front();
+                }
+                self.remaining -= len;
+                return out;
+            }
+        }
+        let mut out = BytesMut::with_capacity(len);
+        while out.len() < len && !self.chunk().is_empty() {
+            let take = (len - out.len()).min(self.chunk().len());
+            out.extend_from_slice(&self.chunk()[..take]);
+            self.advance(take);
+        }
+        out.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests;
