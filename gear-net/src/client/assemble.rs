@@ -238,7 +238,7 @@ impl RowsMut<'_> {
         // another allocation (a received frame).
         unsafe {
             let dst = self.bases[c].0.add(first + at).cast::<u8>();
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
+            gear_core::copy::copy_bytes(bytes.as_ptr(), dst, bytes.len());
         }
         Ok(())
     }
