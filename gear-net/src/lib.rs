@@ -33,6 +33,7 @@
 
 pub mod alloc;
 pub mod auth;
+mod body;
 mod channel;
 pub mod client;
 pub mod cluster_file;

@@ -15,18 +15,17 @@
 //! shard's headers are network input.
 
 use super::wire::ReplyDecoder;
+use crate::body::ReadyFrames;
 use crate::channel::ShardChannel;
 use crate::proto::{InsertChunk, InsertReply, SampleRequest};
 use base64::Engine;
 use bytes::{BufMut, Bytes, BytesMut};
+use http_body_util::BodyExt;
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use tonic::body::BoxBody;
 use tonic::codegen::http::header::{AUTHORIZATION, CONTENT_TYPE, TE};
 use tonic::codegen::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri};
-use tonic::codegen::Body;
 use tonic::{Code, Status};
 
 /// The `Sample` method's path.
@@ -89,7 +88,7 @@ pub(crate) async fn sample(
 /// they say OK. An error of `on_data` ends the call as malformed.
 async fn read_reply(mut body: BoxBody, mut on_data: impl FnMut(&Bytes) -> Result<(), String>) -> Result<(), CallError> {
     loop {
-        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let frame = body.frame().await;
         let frame = match frame {
             None => return Err(Status::unavailable("the reply ended without its trailers").into()),
             Some(frame) => frame?,
@@ -154,7 +153,8 @@ pub(crate) async fn insert(
     max_message_bytes: usize,
 ) -> Result<InsertReply, CallError> {
     let pieces = insert_pieces(chunks, max_message_bytes)?;
-    let body = send(channel, token, INSERT_PATH, tonic::body::boxed(Pieces(pieces.into_iter()))).await?;
+    let frames = pieces.into_iter().map(hyper::body::Frame::data).collect();
+    let body = send(channel, token, INSERT_PATH, tonic::body::boxed(ReadyFrames::new(frames))).await?;
     let mut reply = Vec::new();
     read_reply(body, |data| {
         if reply.len() + data.len() > MAX_INSERT_REPLY_BYTES {
@@ -221,29 +221,6 @@ fn insert_pieces(chunks: Vec<InsertChunk>, max_message_bytes: usize) -> Result<V
         pieces.push(small.freeze());
     }
     Ok(pieces)
-}
-
-/// A request body of ready pieces, each sent as it is.
-struct Pieces(std::vec::IntoIter<Bytes>);
-
-impl Body for Pieces {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<std::result::Result<hyper::body::Frame<Bytes>, Status>>> {
-        Poll::Ready(self.0.next().map(|piece| Ok(hyper::body::Frame::data(piece))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.len() == 0
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.0.as_slice().iter().map(|p| p.len() as u64).sum())
-    }
 }
 
 /// The status a non-200 HTTP response stands for (gRPC's mapping).

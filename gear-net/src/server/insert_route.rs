@@ -22,9 +22,12 @@
 
 use super::ShardService;
 use crate::auth::TokenCheck;
+use crate::body::ReadyFrames;
 use crate::metrics::{Method, RpcTimer};
 use crate::proto::{InsertChunk, InsertReply};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Frame;
 use prost::Message;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -34,7 +37,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tonic::body::BoxBody;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
-use tonic::codegen::{Body, Service};
+use tonic::codegen::Service;
 use tonic::server::NamedService;
 use tonic::service::Interceptor;
 use tonic::Status;
@@ -125,35 +128,10 @@ fn reply_response(reply: &InsertReply) -> http::Response<BoxBody> {
     let _ = reply.encode(&mut message);
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let body = ReplyBody { message: Some(message.freeze()), trailers: Some(trailers) };
+    let body = ReadyFrames::new(vec![Frame::data(message.freeze()), Frame::trailers(trailers)]);
     let mut response = http::Response::new(tonic::body::boxed(body));
     response.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     response
-}
-
-/// One message's DATA frame, then the trailers.
-struct ReplyBody {
-    message: Option<Bytes>,
-    trailers: Option<HeaderMap>,
-}
-
-impl Body for ReplyBody {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Status>>> {
-        if let Some(message) = self.message.take() {
-            return Poll::Ready(Some(Ok(hyper::body::Frame::data(message))));
-        }
-        Poll::Ready(self.trailers.take().map(|t| Ok(hyper::body::Frame::trailers(t))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.message.is_none() && self.trailers.is_none()
-    }
 }
 
 /// A request body's DATA frames as they arrived, decoded into insert
@@ -243,7 +221,7 @@ impl ChunkSource for Frames {
                     n => Err(Status::internal(format!("the insert stream ended inside a message ({n} bytes of it)"))),
                 };
             }
-            let frame = std::future::poll_fn(|cx| Pin::new(&mut self.body).poll_frame(cx)).await;
+            let frame = self.body.frame().await;
             match frame {
                 None => self.ended = true,
                 Some(Err(status)) => return Err(status),

@@ -1,0 +1,37 @@
+//! An HTTP body whose frames are all ready before it is sent: the client's
+//! hand-made `Insert` requests (`client/call.rs`) and the shard's `Insert`
+//! replies (`server/insert_route.rs`).
+
+use bytes::Bytes;
+use hyper::body::{Frame, SizeHint};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tonic::codegen::Body;
+use tonic::Status;
+
+/// Sends its frames in order, each as it is (no copy, no coalescing).
+pub(crate) struct ReadyFrames(std::vec::IntoIter<Frame<Bytes>>);
+
+impl ReadyFrames {
+    /// A body of `frames` (DATA frames, then at most one of trailers).
+    pub(crate) fn new(frames: Vec<Frame<Bytes>>) -> Self {
+        ReadyFrames(frames.into_iter())
+    }
+}
+
+impl Body for ReadyFrames {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        Poll::Ready(self.0.next().map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.as_slice().iter().filter_map(Frame::data_ref).map(|d| d.len() as u64).sum())
+    }
+}
