@@ -1,6 +1,7 @@
-//! An HTTP body whose frames are all ready before it is sent: the client's
-//! hand-made `Insert` requests (`client/call.rs`) and the shard's `Insert`
-//! replies (`server/insert_route.rs`).
+//! What the hand-made gRPC calls send: a message framed as gRPC frames it,
+//! and an HTTP body whose frames are all ready before it is sent (the
+//! client's `Sample` and `Insert` requests, `client/call.rs`, and the
+//! shard's `Insert` replies, `server/insert_route.rs`).
 
 use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
@@ -8,6 +9,18 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tonic::codegen::Body;
 use tonic::Status;
+
+/// `message` framed as one gRPC message: a zero flag byte (not
+/// compressed), its length in 4 big-endian bytes, its encoding.
+pub(crate) fn grpc_message(message: &impl prost::Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut buf = Vec::with_capacity(5 + len);
+    buf.push(0);
+    buf.extend_from_slice(&(len as u32).to_be_bytes());
+    // A `Vec` grows as needed: encoding into it cannot fail.
+    let _ = message.encode(&mut buf);
+    Bytes::from(buf)
+}
 
 /// Sends its frames in order, each as it is (no copy, no coalescing).
 pub(crate) struct ReadyFrames(std::vec::IntoIter<Frame<Bytes>>);

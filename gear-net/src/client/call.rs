@@ -15,7 +15,7 @@
 //! shard's headers are network input.
 
 use super::wire::ReplyDecoder;
-use crate::body::ReadyFrames;
+use crate::body::{grpc_message, ReadyFrames};
 use crate::channel::ShardChannel;
 use crate::proto::{InsertChunk, InsertReply, SampleRequest};
 use base64::Engine;
@@ -58,17 +58,6 @@ impl From<Status> for CallError {
     }
 }
 
-/// `request` framed as one gRPC message (flag byte, 4-byte length, bytes).
-fn framed(request: &SampleRequest) -> Bytes {
-    let len = request.encoded_len();
-    let mut buf = Vec::with_capacity(5 + len);
-    buf.push(0);
-    buf.extend_from_slice(&(len as u32).to_be_bytes());
-    // A `Vec` grows as needed: encoding into it cannot fail.
-    let _ = request.encode(&mut buf);
-    Bytes::from(buf)
-}
-
 /// Sends `request` over `channel` with the `authorization` header `token`,
 /// and decodes the reply with `decoder` as it arrives. `Ok` once the whole
 /// message came and the trailers say OK.
@@ -78,7 +67,7 @@ pub(crate) async fn sample(
     request: &SampleRequest,
     mut decoder: ReplyDecoder<'_>,
 ) -> Result<(), CallError> {
-    let body = tonic::body::boxed(http_body_util::Full::new(framed(request)));
+    let body = tonic::body::boxed(http_body_util::Full::new(grpc_message(request)));
     let body = send(channel, token, SAMPLE_PATH, body).await?;
     read_reply(body, |data| decoder.feed(data)).await?;
     decoder.finish().map_err(CallError::Malformed)
@@ -429,7 +418,7 @@ mod tests {
     #[test]
     fn a_request_is_framed_as_one_grpc_message() {
         let r = SampleRequest { rows: 3, window_len: 2, ..SampleRequest::default() };
-        let f = framed(&r);
+        let f = grpc_message(&r);
         assert_eq!(f[0], 0);
         assert_eq!(u32::from_be_bytes([f[1], f[2], f[3], f[4]]) as usize, f.len() - 5);
         assert_eq!(SampleRequest::decode(&f[5..]).unwrap(), r);

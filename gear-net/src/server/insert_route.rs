@@ -22,10 +22,10 @@
 
 use super::ShardService;
 use crate::auth::TokenCheck;
-use crate::body::ReadyFrames;
+use crate::body::{grpc_message, ReadyFrames};
 use crate::metrics::{Method, RpcTimer};
 use crate::proto::{InsertChunk, InsertReply};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::Frame;
 use prost::Message;
@@ -120,15 +120,9 @@ where
 /// A successful `Insert` response: `reply` as one gRPC message, then
 /// `grpc-status: 0` in the trailers.
 fn reply_response(reply: &InsertReply) -> http::Response<BoxBody> {
-    let len = reply.encoded_len();
-    let mut message = BytesMut::with_capacity(5 + len);
-    message.put_u8(0);
-    message.put_u32(len as u32);
-    // A `BytesMut` grows as needed: encoding into it cannot fail.
-    let _ = reply.encode(&mut message);
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let body = ReadyFrames::new(vec![Frame::data(message.freeze()), Frame::trailers(trailers)]);
+    let body = ReadyFrames::new(vec![Frame::data(grpc_message(reply)), Frame::trailers(trailers)]);
     let mut response = http::Response::new(tonic::body::boxed(body));
     response.headers_mut().insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     response
