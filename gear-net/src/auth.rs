@@ -55,15 +55,21 @@ impl TokenCheck {
     pub fn new(token: &str) -> Self {
         TokenCheck { expected: format!("Bearer {token}").into_bytes() }
     }
+
+    /// Checks a call's `authorization` header value (`None`: it had none).
+    pub(crate) fn check(&self, authorization: Option<&[u8]>) -> Result<(), Status> {
+        match authorization {
+            Some(v) if same_bytes(v, &self.expected) => Ok(()),
+            Some(_) => Err(Status::unauthenticated("wrong cluster token")),
+            None => Err(Status::unauthenticated("missing cluster token")),
+        }
+    }
 }
 
 impl Interceptor for TokenCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        match request.metadata().get("authorization") {
-            Some(v) if same_bytes(v.as_bytes(), &self.expected) => Ok(request),
-            Some(_) => Err(Status::unauthenticated("wrong cluster token")),
-            None => Err(Status::unauthenticated("missing cluster token")),
-        }
+        self.check(request.metadata().get("authorization").map(|v| v.as_bytes()))?;
+        Ok(request)
     }
 }
 

@@ -201,6 +201,7 @@ mod tests {
                 data_plane_session: 0,
                 table: String::new(),
                 random_start: false,
+                send_from_table: false,
             };
             if let Ok(config) = Limits::new(1 << 20).sample_config(&spec(), &req) {
                 prop_assert!(config.batch_size as u64 <= MAX_SAMPLE_ROWS);

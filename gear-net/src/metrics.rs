@@ -159,6 +159,7 @@ pub(crate) struct TableFigures<'a> {
     waits: &'a WaitStats,
     rpc_bytes_received: u64,
     rpc_bytes_sent: u64,
+    rows_overwritten: u64,
 }
 
 /// Kinds of metric families.
@@ -284,6 +285,13 @@ pub(crate) const TABLE_FAMILIES: &[TableFamily] = &[
         series: |f| vec![(&[], f.rpc_bytes_sent as f64)],
     },
     TableFamily {
+        name: "gear_table_rpc_overwritten_rows_total",
+        kind: Kind::Counter,
+        help: "Rows of Sample replies sent from table memory whose slots were reused while they were sent (the \
+               client asked that shard again).",
+        series: |f| vec![(&[], f.rows_overwritten as f64)],
+    },
+    TableFamily {
         name: "gear_table_rate_limiter_waits_total",
         kind: Kind::Counter,
         help: "Calls of the server process that waited: writers for the rate limiter (op=insert), samplers for it \
@@ -394,20 +402,27 @@ impl ServedTables {
                 [("table", t.name.as_str()), ("incarnation", &incarnation), ("sampler", t.strategy.kind.name())];
             line(&mut out, "gear_table_info", &labels, 1.0);
         }
-        let figures: Vec<(&str, TableInfo, WaitStats, u64, u64)> = self
+        let figures: Vec<(&str, TableInfo, WaitStats, [u64; 3])> = self
             .served()
             .iter()
             .filter_map(|t| {
                 let info = t.table.info().ok()?;
                 let received = t.rpc_bytes_received.load(Ordering::Relaxed);
                 let sent = t.rpc_bytes_sent.load(Ordering::Relaxed);
-                Some((t.name.as_str(), info, t.table.wait_stats(), received, sent))
+                let overwritten = t.rows_overwritten.load(Ordering::Relaxed);
+                Some((t.name.as_str(), info, t.table.wait_stats(), [received, sent, overwritten]))
             })
             .collect();
         for family in TABLE_FAMILIES {
             header(&mut out, family.name, family.kind.name(), family.help);
-            for (name, info, waits, received, sent) in &figures {
-                let f = TableFigures { info, waits, rpc_bytes_received: *received, rpc_bytes_sent: *sent };
+            for (name, info, waits, [received, sent, overwritten]) in &figures {
+                let f = TableFigures {
+                    info,
+                    waits,
+                    rpc_bytes_received: *received,
+                    rpc_bytes_sent: *sent,
+                    rows_overwritten: *overwritten,
+                };
                 for (extra, value) in (family.series)(&f) {
                     let mut labels: Vec<(&str, &str)> = vec![("table", name)];
                     labels.extend_from_slice(extra);

@@ -33,10 +33,12 @@ use tonic::{Request, Response, Status, Streaming};
 mod data_plane;
 mod insert_route;
 mod reply;
+mod sample_route;
 mod tables;
 pub use data_plane::DataPlaneServer;
 use insert_route::{ChunkSource, InsertRoute};
 pub use reply::SampleReplyOut;
+use sample_route::SampleRoute;
 use tables::ServedTable;
 pub use tables::{check_table_name, NamedTable, ServedTables, DEFAULT_TABLE, MAX_TABLE_NAME};
 
@@ -223,13 +225,7 @@ impl ShardService {
     ) -> std::result::Result<Response<SampleReplyOut>, Status> {
         let (index, served) = self.tables.find(&request.get_ref().table)?;
         timer.table(index);
-        let expected = request.get_ref().incarnation;
-        if expected != 0 && expected != served.incarnation {
-            return Err(Status::aborted(format!(
-                "shard {} table `{}` restarted: incarnation {:#x}, the batch was split for {expected:#x}",
-                self.shard, served.name, served.incarnation
-            )));
-        }
+        check_incarnation(self.shard, served, request.get_ref().incarnation)?;
         if request.get_ref().ranges {
             let reply = self.sample_ranges((index, served), request.into_inner()).await;
             timer.finish(reply.is_ok());
@@ -365,6 +361,18 @@ fn table_masses(table: &ReplayTable) -> std::result::Result<(u64, f64, f64), Sta
 /// total mass of zero (they cannot be spread over shards by mass).
 fn selection_masses(table: &ReplayTable) -> std::result::Result<(f64, f64), Status> {
     Ok(table.selection_mass().map_err(table_status)?.map_or((0.0, 0.0), |m| (m.total, m.min)))
+}
+
+/// Refuses a sample split for another run of `served` than this one
+/// (`expected`; 0 takes any run) with `ABORTED`.
+fn check_incarnation(shard: u32, served: &ServedTable, expected: u64) -> std::result::Result<(), Status> {
+    if expected != 0 && expected != served.incarnation {
+        return Err(Status::aborted(format!(
+            "shard {shard} table `{}` restarted: incarnation {:#x}, the batch was split for {expected:#x}",
+            served.name, served.incarnation
+        )));
+    }
+    Ok(())
 }
 
 /// Runs `f` on a blocking thread, turning a panic or cancellation into a status.
@@ -544,14 +552,17 @@ impl ServerHandle {
                 let server = ShardServer::from_arc(service.clone())
                     .max_decoding_message_size(max as usize)
                     .max_encoding_message_size(max as usize);
-                // `Insert` is served by the route itself, without tonic's
-                // decode buffer (server/insert_route.rs).
+                // `Insert` is served by a route of its own, without tonic's
+                // decode buffer (server/insert_route.rs), and so are the
+                // `Sample` calls that let the shard send straight from
+                // table memory (server/sample_route.rs).
                 let server = InsertRoute::new(
                     InterceptedService::new(server, TokenCheck::new(&token)),
-                    service,
+                    service.clone(),
                     TokenCheck::new(&token),
                     max as usize,
                 );
+                let server = SampleRoute::new(server, service, TokenCheck::new(&token), max as usize);
                 builder
                     .tcp_nodelay(true)
                     .initial_stream_window_size(Some(8 << 20))

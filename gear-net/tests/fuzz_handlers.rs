@@ -213,6 +213,7 @@ proptest! {
         data_plane_session in any::<u64>(),
         table in table_name(),
         random_start in any::<bool>(),
+        send_from_table in any::<bool>(),
     ) {
         let body = SampleRequest {
             rows,
@@ -226,6 +227,7 @@ proptest! {
             data_plane_session,
             table,
             random_start,
+            send_from_table,
         }
         .encode_to_vec();
         unary("/gear.v1.Shard/Sample", body);

@@ -317,6 +317,14 @@ impl ReplayTable {
         Sampler::new(self.clone(), config)
     }
 
+    /// Counts `bytes` of window steps read out of the table by a reader
+    /// that copies them itself (a shard that sends rows straight from the
+    /// table's memory) in [`TableInfo::bytes_gathered`], as a gather counts
+    /// the bytes it copies.
+    pub fn count_bytes_read_out(&self, bytes: u64) {
+        self.shared.region.control().bytes_gathered.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Counters and rate-limiter state.
     pub fn info(&self) -> Result<TableInfo> {
         let l = self.shared.lock(None)?;

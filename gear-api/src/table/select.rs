@@ -66,8 +66,9 @@ pub(crate) struct Selection {
 }
 
 impl ReplayTable {
-    /// The table's `max_times_sampled`, if set.
-    pub(crate) fn max_times_sampled(&self) -> Option<u64> {
+    /// The table's `max_times_sampled`, if set: a drawn row may then be
+    /// taken out of the table by the draw itself.
+    pub fn max_times_sampled(&self) -> Option<u64> {
         self.shared.max_times_sampled
     }
 

@@ -31,6 +31,10 @@ use tonic::{Code, Status};
 /// The `Sample` method's path.
 const SAMPLE_PATH: &str = "/gear.v1.Shard/Sample";
 
+/// The trailer of a reply sent from table memory whose rows were
+/// overwritten while it was sent (the shard's `server/sample_route.rs`).
+const OVERWRITTEN_ROWS: &str = "gear-overwritten-rows";
+
 /// The `Insert` method's path.
 const INSERT_PATH: &str = "/gear.v1.Shard/Insert";
 
@@ -50,6 +54,10 @@ pub(crate) enum CallError {
     Status(Status),
     /// The reply broke the protocol: what was wrong.
     Malformed(String),
+    /// The shard sent rows straight from its table's memory and found
+    /// this many of them overwritten while they were sent
+    /// (`send_from_table`): ask again without it.
+    Overwritten(u64),
 }
 
 impl From<Status> for CallError {
@@ -65,7 +73,7 @@ pub(crate) async fn sample(
     channel: &ShardChannel,
     token: &HeaderValue,
     request: &SampleRequest,
-    mut decoder: ReplyDecoder<'_>,
+    decoder: &mut ReplyDecoder<'_>,
 ) -> Result<(), CallError> {
     let body = tonic::body::boxed(http_body_util::Full::new(grpc_message(request)));
     let body = send(channel, token, SAMPLE_PATH, body).await?;
@@ -90,6 +98,13 @@ async fn read_reply(mut body: BoxBody, mut on_data: impl FnMut(&Bytes) -> Result
             Err(frame) => frame,
         };
         let Ok(trailers) = frame.into_trailers() else { continue };
+        if let Some(rows) = trailers.get(OVERWRITTEN_ROWS) {
+            let rows = rows.to_str().ok().and_then(|r| r.parse().ok());
+            return Err(rows.map_or_else(
+                || CallError::Malformed(format!("a `{OVERWRITTEN_ROWS}` trailer that is not a count")),
+                CallError::Overwritten,
+            ));
+        }
         return match status_from_headers(&trailers) {
             Some(s) if s.code() == Code::Ok => Ok(()),
             Some(s) => Err(s.into()),

@@ -71,6 +71,10 @@ async fn insert_into_shard(call: ShardCall, list: Vec<(usize, RemoteTrajectory)>
             }
             Err(CallError::Status(e)) => (committed_keys(&e), Some(status(shard, e))),
             Err(CallError::Malformed(what)) => (Vec::new(), Some(Error::Malformed { shard, what })),
+            Err(CallError::Overwritten(rows)) => {
+                let what = format!("an insert reply says {rows} sampled rows were overwritten");
+                (Vec::new(), Some(Error::Malformed { shard, what }))
+            }
         };
         if keys.len() > order.len() || keys.iter().any(|k| k.shard as usize != shard) {
             let what = format!("{} keys, some of another shard, for {} trajectories", keys.len(), order.len());

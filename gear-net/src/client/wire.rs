@@ -131,6 +131,19 @@ impl<'a> ReplyDecoder<'a> {
         }
     }
 
+    /// Starts over for another reply to the same rows (the first was
+    /// refused part way): what it decoded is dropped and its rows are
+    /// written again.
+    pub(crate) fn restart(&mut self) {
+        self.meta.clear();
+        self.prefix_len = 0;
+        self.message_left = 0;
+        self.state = FieldState::Head;
+        self.head_len = 0;
+        self.columns_seen = 0;
+        self.meta_bytes = 0;
+    }
+
     /// Feeds the next bytes of the response body.
     pub(crate) fn feed(&mut self, mut data: &[u8]) -> Result<(), String> {
         while !data.is_empty() {

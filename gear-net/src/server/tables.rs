@@ -90,6 +90,9 @@ pub(crate) struct ServedTable {
     pub(crate) rpc_bytes_received: AtomicU64,
     /// Window bytes sent in `Sample` replies.
     pub(crate) rpc_bytes_sent: AtomicU64,
+    /// Rows of replies sent from table memory whose slots were reused
+    /// while they were sent (the client asked again).
+    pub(crate) rows_overwritten: AtomicU64,
 }
 
 impl ServedTable {
@@ -99,6 +102,10 @@ impl ServedTable {
 
     pub(crate) fn count_sent(&self, bytes: u64) {
         self.rpc_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_overwritten(&self, rows: u64) {
+        self.rows_overwritten.fetch_add(rows, Ordering::Relaxed);
     }
 }
 
@@ -169,6 +176,7 @@ impl ServedTables {
                 samplers: SamplerCache::default(),
                 rpc_bytes_received: AtomicU64::new(0),
                 rpc_bytes_sent: AtomicU64::new(0),
+                rows_overwritten: AtomicU64::new(0),
             })
             .collect::<Vec<_>>();
         let rpc = RpcMetrics::new(served.len());

@@ -68,6 +68,13 @@ impl Proxy {
         self.shared.budget.store(bytes, Ordering::SeqCst);
     }
 
+    /// Bytes from the shard still to be forwarded before the proxy holds
+    /// them (`u64::MAX`: no limit).
+    #[allow(dead_code)]
+    pub fn budget_left(&self) -> u64 {
+        self.shared.budget.load(Ordering::SeqCst)
+    }
+
     /// Stops forwarding in both directions (a partition).
     pub fn partition(&self) {
         self.shared.budget.store(0, Ordering::SeqCst);

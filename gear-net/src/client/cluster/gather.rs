@@ -141,12 +141,26 @@ impl ClientCore {
             for ((tag, rows_mut), meta) in assembly.targets().zip(metas[first_tag..].iter_mut()) {
                 let ask = asks[tag];
                 let table = &self.config.table;
-                let req = sample_request(table, request, ask.rows, round_deadline, self.incarnation_of(ask.shard));
-                let decoder = ReplyDecoder::new(rows_mut, meta, self.config.max_message_bytes);
+                let mut req = sample_request(table, request, ask.rows, round_deadline, self.incarnation_of(ask.shard));
+                req.send_from_table = true;
+                let mut decoder = ReplyDecoder::new(rows_mut, meta, self.config.max_message_bytes);
                 let channel = &self.shards[ask.shard].channel;
                 let token = &self.token;
                 calls.push(async move {
-                    let call = call::sample(channel, token, &req, decoder);
+                    // The shard may send the rows from its table's memory;
+                    // if writers reused a row's slot meanwhile, the rows
+                    // are asked for again, gathered (and so checked) by
+                    // the shard before it sends them.
+                    let call = async {
+                        match call::sample(channel, token, &req, &mut decoder).await {
+                            Err(CallError::Overwritten(_)) => {
+                                req.send_from_table = false;
+                                decoder.restart();
+                                call::sample(channel, token, &req, &mut decoder).await
+                            }
+                            outcome => outcome,
+                        }
+                    };
                     let outcome = match tokio::time::timeout_at(round_deadline, call).await {
                         Ok(r) => r,
                         Err(_) => Err(CallError::Status(deadline_status(window))),
@@ -164,6 +178,12 @@ impl ClientCore {
                         continue;
                     }
                     Err(CallError::Malformed(what)) => return Err(Error::Malformed { shard: s, what }),
+                    // Only a reply sent from table memory may say so, and
+                    // the second ask did not allow that.
+                    Err(CallError::Overwritten(rows)) => {
+                        let what = format!("{rows} rows overwritten in a reply the shard was asked to gather");
+                        return Err(Error::Malformed { shard: s, what });
+                    }
                     Err(CallError::Status(e)) if refuses_the_request(&e) => return Err(status(s, e)),
                     Err(CallError::Status(e)) => e,
                 };

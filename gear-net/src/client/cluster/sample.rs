@@ -45,6 +45,7 @@ pub(crate) fn sample_request(
         incarnation: incarnation.unwrap_or(0),
         data_plane_session: 0,
         random_start: request.random_start,
+        send_from_table: false,
     }
 }
 

@@ -56,6 +56,19 @@ fn decode(
     batch_rows: usize,
     row_bytes: &[usize],
 ) -> Result<(Vec<Vec<u8>>, ReplyMeta), String> {
+    decode_restarted(&[], frames, rows, start, batch_rows, row_bytes)
+}
+
+/// As [`decode`], after feeding the decoder `abandoned` (part of another
+/// reply, given up) and restarting it.
+fn decode_restarted(
+    abandoned: &[&[u8]],
+    frames: &[&[u8]],
+    rows: usize,
+    start: usize,
+    batch_rows: usize,
+    row_bytes: &[usize],
+) -> Result<(Vec<Vec<u8>>, ReplyMeta), String> {
     let mut buffers: Vec<Vec<u8>> = row_bytes.iter().map(|&b| vec![0xAA; b * batch_rows]).collect();
     let mut meta = ReplyMeta::default();
     {
@@ -77,6 +90,12 @@ fn decode(
         a.add_block(1, rows).unwrap();
         let (_, rows_mut) = a.targets().last().unwrap();
         let mut d = ReplyDecoder::new(rows_mut, &mut meta, 1 << 30);
+        if !abandoned.is_empty() {
+            for f in abandoned {
+                d.feed(f)?;
+            }
+            d.restart();
+        }
         for f in frames {
             d.feed(f)?;
         }
@@ -203,4 +222,27 @@ fn replies_that_break_the_request_are_refused_with_what_was_wrong() {
     assert!(e.contains("after the reply message"), "{e}");
     let e = decode(&[&[0, 0x7f, 0xff, 0xff, 0xff]], 2, 0, 2, &row_bytes).unwrap_err();
     assert!(e.contains("exceeds the limit"), "{e}");
+}
+
+proptest! {
+    /// A decoder restarted part way through one reply decodes the next as
+    /// if it were new: the rows hold the second reply's bytes only.
+    #[test]
+    fn a_restarted_decoder_keeps_nothing_of_the_reply_it_gave_up(
+        rows in 1usize..9,
+        row_bytes in prop::collection::vec(1usize..40, 1..4),
+        cut in any::<prop::sample::Index>(),
+        columns_first in any::<bool>(),
+    ) {
+        let (first, second) = (reply(rows, &row_bytes, 5), reply(rows, &row_bytes, 9));
+        let first = framed(&first, columns_first);
+        let body = framed(&second, columns_first);
+        let abandoned = &first[..cut.index(first.len())];
+        let (columns, meta) = decode_restarted(&[abandoned], &[&body], rows, 1, rows + 1, &row_bytes).unwrap();
+        for (c, &b) in row_bytes.iter().enumerate() {
+            prop_assert_eq!(&columns[c][b..(1 + rows) * b], &second.columns[c][..]);
+        }
+        prop_assert_eq!(&meta.keys, &second.keys.iter().map(RemoteKey::from_proto).collect::<Vec<_>>());
+        prop_assert_eq!(&meta.weights, &second.weights);
+    }
 }
