@@ -33,12 +33,13 @@ use tonic::{Request, Response, Status, Streaming};
 mod data_plane;
 mod insert_route;
 mod reply;
+mod routes;
 mod sample_route;
 mod tables;
 pub use data_plane::DataPlaneServer;
-use insert_route::{ChunkSource, InsertRoute};
+use insert_route::ChunkSource;
 pub use reply::SampleReplyOut;
-use sample_route::SampleRoute;
+use routes::HandRoutes;
 use tables::ServedTable;
 pub use tables::{check_table_name, NamedTable, ServedTables, DEFAULT_TABLE, MAX_TABLE_NAME};
 
@@ -363,6 +364,32 @@ fn selection_masses(table: &ReplayTable) -> std::result::Result<(f64, f64), Stat
     Ok(table.selection_mass().map_err(table_status)?.map_or((0.0, 0.0), |m| (m.total, m.min)))
 }
 
+/// The fields of a `Sample` reply for rows drawn as byte ranges of the
+/// table at run `incarnation` of shard `shard`, the table's `(size, total
+/// mass, min mass)` after the draw given: everything but the windows
+/// (`columns`, or `row_ranges`).
+fn ranged_reply_fields(
+    shard: u32,
+    incarnation: u64,
+    drawn: &[gear_api::table::ranges::RowRanges],
+    (size, total_mass, min_mass): (u64, f64, f64),
+) -> crate::proto::SampleReply {
+    crate::proto::SampleReply {
+        shard,
+        incarnation,
+        keys: drawn.iter().map(|r| key_to_proto(shard, incarnation, r.key)).collect(),
+        lengths: drawn.iter().map(|r| r.window.steps).collect(),
+        starts: drawn.iter().map(|r| r.window.src_step).collect(),
+        probabilities: drawn.iter().map(|r| r.probability).collect(),
+        weights: drawn.iter().map(|r| r.weight).collect(),
+        columns: Vec::new(),
+        size,
+        total_mass,
+        min_mass,
+        row_ranges: Vec::new(),
+    }
+}
+
 /// Refuses a sample split for another run of `served` than this one
 /// (`expected`; 0 takes any run) with `ABORTED`.
 fn check_incarnation(shard: u32, served: &ServedTable, expected: u64) -> std::result::Result<(), Status> {
@@ -552,17 +579,15 @@ impl ServerHandle {
                 let server = ShardServer::from_arc(service.clone())
                     .max_decoding_message_size(max as usize)
                     .max_encoding_message_size(max as usize);
-                // `Insert` is served by a route of its own, without tonic's
-                // decode buffer (server/insert_route.rs), and so are the
-                // `Sample` calls that let the shard send straight from
-                // table memory (server/sample_route.rs).
-                let server = InsertRoute::new(
+                // `Insert` is served without tonic's decode buffer, and the
+                // `Sample` calls that allow it straight from table memory
+                // (server/routes.rs).
+                let server = HandRoutes::new(
                     InterceptedService::new(server, TokenCheck::new(&token)),
-                    service.clone(),
+                    service,
                     TokenCheck::new(&token),
                     max as usize,
                 );
-                let server = SampleRoute::new(server, service, TokenCheck::new(&token), max as usize);
                 builder
                     .tcp_nodelay(true)
                     .initial_stream_window_size(Some(8 << 20))

@@ -18,9 +18,9 @@ use gear_tcp::TcpServer;
 use tonic::{Request, Response, Status};
 
 use super::tables::{ServedTable, ServedTables};
-use super::{blocking, table_masses, ShardService};
+use super::{blocking, ranged_reply_fields, table_masses, ShardService};
 use crate::connect::{endpoint_from_request, reply_from_remote};
-use crate::convert::{key_to_proto, table_status};
+use crate::convert::table_status;
 use crate::error::{Error, Result};
 use crate::metrics::RpcTimer;
 use crate::proto::{ConnectReply, ConnectRequest, RowRange, SampleReply, SampleRequest};
@@ -209,20 +209,8 @@ impl ShardService {
         let drawn =
             blocking(move || table.draw_ranges(rows, window, random_start, &columns, timeout).map_err(table_status))
                 .await?;
-        let (size, total_mass, min_mass) = table_masses(&served.table)?;
-        let (shard, incarnation) = (self.shard, served.incarnation);
+        let reply = ranged_reply_fields(self.shard, served.incarnation, &drawn, table_masses(&served.table)?);
         Ok(Response::new(SampleReply {
-            shard,
-            incarnation,
-            keys: drawn.iter().map(|r| key_to_proto(shard, incarnation, r.key)).collect(),
-            lengths: drawn.iter().map(|r| r.window.steps).collect(),
-            starts: drawn.iter().map(|r| r.window.src_step).collect(),
-            probabilities: drawn.iter().map(|r| r.probability).collect(),
-            weights: drawn.iter().map(|r| r.weight).collect(),
-            columns: Vec::new(),
-            size,
-            total_mass,
-            min_mass,
             row_ranges: drawn
                 .iter()
                 .map(|r| RowRange {
@@ -233,6 +221,7 @@ impl ShardService {
                     generation: r.generation,
                 })
                 .collect(),
+            ..reply
         }))
     }
 }

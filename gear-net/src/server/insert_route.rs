@@ -2,15 +2,14 @@
 //!
 //! tonic copies every DATA frame of a request into one buffer before it
 //! decodes a message, so each inserted byte was copied twice on the shard
-//! (into that buffer, then into the table). [`InsertRoute`] sits in front of
-//! the generated service and takes `/gear.v1.Shard/Insert` itself: it
-//! checks the token as the interceptor does, keeps the request's DATA frames
+//! (into that buffer, then into the table). The shard's hand routes
+//! (`routes.rs`) take `/gear.v1.Shard/Insert` and give it to [`serve`],
+//! which keeps the request's DATA frames
 //! as they arrived (slices of hyper's read buffer), and decodes each gRPC
 //! message with prost over those frames ([`Frames`]), so a column that
 //! arrived inside one frame becomes a slice of it and reaches the table with
 //! its one copy. A column split across frames is gathered into one buffer
-//! (prost's `copy_to_bytes`), as before. Every other method goes to the
-//! generated service unchanged.
+//! (prost's `copy_to_bytes`), as before.
 //!
 //! The rest is the gRPC protocol as tonic serves it: a message above the
 //! server's limit is `OutOfRange` with tonic's wording, a compressed one
@@ -21,7 +20,6 @@
 //! checked before anything is buffered past them, and nothing panics.
 
 use super::ShardService;
-use crate::auth::TokenCheck;
 use crate::body::{grpc_message, ReadyFrames};
 use crate::metrics::{Method, RpcTimer};
 use crate::proto::{InsertChunk, InsertReply};
@@ -30,19 +28,10 @@ use http_body_util::BodyExt;
 use hyper::body::Frame;
 use prost::Message;
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use tonic::body::BoxBody;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
-use tonic::codegen::Service;
-use tonic::server::NamedService;
 use tonic::Status;
-
-/// The method this route serves itself.
-const INSERT_PATH: &str = "/gear.v1.Shard/Insert";
 
 /// Where an insert stream's chunks come from: tonic's decoder, or
 /// [`Frames`] (this module).
@@ -57,59 +46,16 @@ impl ChunkSource for tonic::Streaming<InsertChunk> {
     }
 }
 
-/// `inner` (the generated service behind the token check), with `Insert`
-/// served by [`ShardService::insert_into`] over [`Frames`].
-#[derive(Clone)]
-pub(crate) struct InsertRoute<S> {
-    inner: S,
-    service: Arc<ShardService>,
-    token: TokenCheck,
-    max_message_bytes: usize,
-}
-
-impl<S> InsertRoute<S> {
-    /// Routes `Insert` calls for `service` (checked against `token`, messages
-    /// of at most `max_message_bytes`) and every other call to `inner`.
-    pub(crate) fn new(inner: S, service: Arc<ShardService>, token: TokenCheck, max_message_bytes: usize) -> Self {
-        InsertRoute { inner, service, token, max_message_bytes }
-    }
-}
-
-impl<S: NamedService> NamedService for InsertRoute<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<BoxBody>> for InsertRoute<S>
-where
-    S: Service<http::Request<BoxBody>, Response = http::Response<BoxBody>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<BoxBody>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<http::Response<BoxBody>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<BoxBody>) -> Self::Future {
-        if request.uri().path() != INSERT_PATH {
-            return Box::pin(self.inner.call(request));
-        }
-        let (service, token, max) = (self.service.clone(), self.token.clone(), self.max_message_bytes);
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            if let Err(status) = token.check(parts.headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes())) {
-                return Ok(status.into_http());
-            }
-            let mut timer = RpcTimer::start(&service.tables, Method::Insert);
-            let reply = service.insert_into(Frames::new(body, max), &mut timer).await;
-            timer.finish(reply.is_ok());
-            Ok(match reply {
-                Ok(reply) => reply_response(&reply),
-                Err(status) => status.into_http(),
-            })
-        })
+/// Serves one `Insert` stream whose token was checked: `body`'s messages
+/// (each at most `max_message_bytes`) decoded over its frames ([`Frames`])
+/// into [`ShardService::insert_into`].
+pub(super) async fn serve(service: &ShardService, body: BoxBody, max_message_bytes: usize) -> http::Response<BoxBody> {
+    let mut timer = RpcTimer::start(&service.tables, Method::Insert);
+    let reply = service.insert_into(Frames::new(body, max_message_bytes), &mut timer).await;
+    timer.finish(reply.is_ok());
+    match reply {
+        Ok(reply) => reply_response(&reply),
+        Err(status) => status.into_http(),
     }
 }
 

@@ -32,9 +32,8 @@
 //! with its usual status). Those are sent on with the request body as it
 //! came.
 
-use super::{blocking, check_incarnation, table_masses, ShardService};
-use crate::auth::TokenCheck;
-use crate::convert::{key_to_proto, sample_shape, table_status};
+use super::{blocking, check_incarnation, ranged_reply_fields, table_masses, ShardService};
+use crate::convert::{sample_shape, table_status};
 use crate::metrics::{Method, RpcTimer};
 use crate::proto::{SampleReply, SampleRequest};
 use crate::server::tables::ServedTables;
@@ -55,11 +54,7 @@ use tokio::sync::oneshot;
 use tonic::body::BoxBody;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::codegen::{Body, Service};
-use tonic::server::NamedService;
 use tonic::Status;
-
-/// The method this route serves (when the request allows it).
-const SAMPLE_PATH: &str = "/gear.v1.Shard/Sample";
 
 /// The trailer of a reply sent from table memory whose rows were
 /// overwritten while it was sent: how many (module doc).
@@ -81,70 +76,35 @@ const COLUMNS_FIELD: u32 = 8;
 /// Zeros for padding pieces, shared by every reply.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
-/// `inner` (the generated service behind the token check and the insert
-/// route), with `Sample` served from table memory where the request
-/// allows it (module doc).
-#[derive(Clone)]
-pub(crate) struct SampleRoute<S> {
-    inner: S,
-    service: Arc<ShardService>,
-    token: TokenCheck,
+/// Serves one `Sample` call whose token was checked (its request
+/// `parts`, its `body` of at most `max_message_bytes`): from table memory
+/// if the request allows it and the table can, else by `inner` (the
+/// generated service), given the request as it came.
+pub(super) async fn serve<S>(
+    service: &ShardService,
+    mut inner: S,
+    parts: http::request::Parts,
+    body: BoxBody,
     max_message_bytes: usize,
-}
-
-impl<S> SampleRoute<S> {
-    /// Routes `Sample` calls for `service` (checked against `token`,
-    /// requests of at most `max_message_bytes`) and every other call to
-    /// `inner`.
-    pub(crate) fn new(inner: S, service: Arc<ShardService>, token: TokenCheck, max_message_bytes: usize) -> Self {
-        SampleRoute { inner, service, token, max_message_bytes }
-    }
-}
-
-impl<S: NamedService> NamedService for SampleRoute<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<BoxBody>> for SampleRoute<S>
+) -> http::Response<BoxBody>
 where
-    S: Service<http::Request<BoxBody>, Response = http::Response<BoxBody>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
+    S: Service<http::Request<BoxBody>, Response = http::Response<BoxBody>, Error = Infallible>,
 {
-    type Response = http::Response<BoxBody>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<http::Response<BoxBody>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<BoxBody>) -> Self::Future {
-        if request.uri().path() != SAMPLE_PATH {
-            return Box::pin(self.inner.call(request));
+    let bytes = match read_request(body, max_message_bytes).await {
+        Ok(bytes) => bytes,
+        Err(status) => return status.into_http(),
+    };
+    if let Some(req) = decode_request(&bytes).filter(|r| r.send_from_table) {
+        match service.sample_from_table(req).await {
+            Ok(Some(response)) => return response,
+            Ok(None) => {}
+            Err(status) => return status.into_http(),
         }
-        let (service, token, max) = (self.service.clone(), self.token.clone(), self.max_message_bytes);
-        // The generated service is ready whenever this route is (it always
-        // is: tonic's services hold no queue), so a clone may be called.
-        let mut inner = self.inner.clone();
-        Box::pin(async move {
-            let (parts, body) = request.into_parts();
-            if let Err(status) = token.check(parts.headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes())) {
-                return Ok(status.into_http());
-            }
-            let bytes = match read_request(body, max).await {
-                Ok(bytes) => bytes,
-                Err(status) => return Ok(status.into_http()),
-            };
-            if let Some(req) = decode_request(&bytes).filter(|r| r.send_from_table) {
-                match service.sample_from_table(req).await {
-                    Ok(Some(response)) => return Ok(response),
-                    Ok(None) => {}
-                    Err(status) => return Ok(status.into_http()),
-                }
-            }
-            let body = tonic::body::boxed(http_body_util::Full::new(bytes));
-            inner.call(http::Request::from_parts(parts, body)).await
-        })
+    }
+    let body = tonic::body::boxed(http_body_util::Full::new(bytes));
+    match inner.call(http::Request::from_parts(parts, body)).await {
+        Ok(response) => response,
+        Err(never) => match never {},
     }
 }
 
@@ -207,21 +167,7 @@ impl ShardService {
         let drawn = blocking(move || {
             let drawn =
                 table.draw_ranges(rows, window, random_start, &columns, config.timeout).map_err(table_status)?;
-            let (size, total_mass, min_mass) = table_masses(&table)?;
-            let meta = SampleReply {
-                shard,
-                incarnation,
-                keys: drawn.iter().map(|r| key_to_proto(shard, incarnation, r.key)).collect(),
-                lengths: drawn.iter().map(|r| r.window.steps).collect(),
-                starts: drawn.iter().map(|r| r.window.src_step).collect(),
-                probabilities: drawn.iter().map(|r| r.probability).collect(),
-                weights: drawn.iter().map(|r| r.weight).collect(),
-                columns: Vec::new(),
-                size,
-                total_mass,
-                min_mass,
-                row_ranges: Vec::new(),
-            };
+            let meta = ranged_reply_fields(shard, incarnation, &drawn, table_masses(&table)?);
             TableReply::lay_out(&meta, &drawn, &step_bytes, window.len, memory)
         })
         .await;

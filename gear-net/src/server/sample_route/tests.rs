@@ -36,15 +36,7 @@ fn insert(table: &ReplayTable, value: u8, steps: u64) {
 /// laid out but not sent.
 fn laid_out(table: &ReplayTable, rows: usize, window: WindowSpec) -> TableReply {
     let drawn = table.draw_ranges(rows, window, false, &[0, 1], None).unwrap();
-    let meta = SampleReply {
-        shard: 3,
-        keys: drawn.iter().map(|r| key_to_proto(3, 9, r.key)).collect(),
-        lengths: drawn.iter().map(|r| r.window.steps).collect(),
-        starts: drawn.iter().map(|r| r.window.src_step).collect(),
-        probabilities: drawn.iter().map(|r| r.probability).collect(),
-        weights: drawn.iter().map(|r| r.weight).collect(),
-        ..SampleReply::default()
-    };
+    let meta = ranged_reply_fields(3, 9, &drawn, (8, 8.0, 1.0));
     TableReply::lay_out(&meta, &drawn, &[OBS, 8], window.len, table.memory()).unwrap()
 }
 
