@@ -10,6 +10,11 @@ use std::task::{Context, Poll};
 use tonic::codegen::Body;
 use tonic::Status;
 
+/// The trailer of a `Sample` reply sent from table memory whose rows were
+/// overwritten while it was sent: how many (the shard's
+/// `server/sample_route.rs`; the client then asks again, `client/call.rs`).
+pub(crate) const OVERWRITTEN_ROWS: &str = "gear-overwritten-rows";
+
 /// `message` framed as one gRPC message: a zero flag byte (not
 /// compressed), its length in 4 big-endian bytes, its encoding.
 pub(crate) fn grpc_message(message: &impl prost::Message) -> Bytes {

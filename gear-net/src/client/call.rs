@@ -15,7 +15,7 @@
 //! shard's headers are network input.
 
 use super::wire::ReplyDecoder;
-use crate::body::{grpc_message, ReadyFrames};
+use crate::body::{grpc_message, ReadyFrames, OVERWRITTEN_ROWS};
 use crate::channel::ShardChannel;
 use crate::proto::{InsertChunk, InsertReply, SampleRequest};
 use base64::Engine;
@@ -30,10 +30,6 @@ use tonic::{Code, Status};
 
 /// The `Sample` method's path.
 const SAMPLE_PATH: &str = "/gear.v1.Shard/Sample";
-
-/// The trailer of a reply sent from table memory whose rows were
-/// overwritten while it was sent (the shard's `server/sample_route.rs`).
-const OVERWRITTEN_ROWS: &str = "gear-overwritten-rows";
 
 /// The `Insert` method's path.
 const INSERT_PATH: &str = "/gear.v1.Shard/Insert";

@@ -37,7 +37,7 @@ use tonic::codec::EncodeBuf;
 use tonic::Status;
 
 /// The field number of `SampleReply.columns`.
-const COLUMNS_FIELD: u32 = 8;
+pub(super) const COLUMNS_FIELD: u32 = 8;
 
 /// Samplers cached at most (one per distinct request shape).
 const CACHED_SAMPLERS: usize = 8;

@@ -2,9 +2,10 @@
 //!
 //! A gathered reply (`server/reply.rs`) copies every window byte once on
 //! the shard, from the table into tonic's encode buffer, before the socket
-//! copies it again. [`SampleRoute`] sits in front of the generated service
-//! and serves the `Sample` calls that allow it (`send_from_table` in the
-//! request: the cluster client's shard-gather draw) without that copy:
+//! copies it again. The shard's hand routes (`routes.rs`) give every
+//! `Sample` call to [`serve`], which serves those that allow it
+//! (`send_from_table` in the request: the cluster client's shard-gather
+//! draw) without that copy:
 //!
 //! 1. it draws the rows as a byte-range sample does
 //!    ([`ReplayTable::draw_ranges`]: keys, probabilities, and where each
@@ -24,15 +25,17 @@
 //!    `send_from_table` (the gathered reply, which redraws torn rows before
 //!    it sends any).
 //!
-//! Every other call goes to the generated service unchanged, and so does a
-//! `Sample` this route does not serve: without the flag, a ranged draw, a
+//! A `Sample` this module does not serve goes to the generated service:
+//! without the flag, a ranged draw, a
 //! table with `max_times_sampled` (a draw may take rows out, so a reply
 //! asked for again would lose them), a table whose region the host cannot
 //! read, or a request the generated service must refuse (it refuses it
 //! with its usual status). Those are sent on with the request body as it
 //! came.
 
+use super::reply::COLUMNS_FIELD;
 use super::{blocking, check_incarnation, ranged_reply_fields, table_masses, ShardService};
+use crate::body::OVERWRITTEN_ROWS;
 use crate::convert::{sample_shape, table_status};
 use crate::metrics::{Method, RpcTimer};
 use crate::proto::{SampleReply, SampleRequest};
@@ -56,10 +59,6 @@ use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::codegen::{Body, Service};
 use tonic::Status;
 
-/// The trailer of a reply sent from table memory whose rows were
-/// overwritten while it was sent: how many (module doc).
-pub(crate) const OVERWRITTEN_ROWS: &str = "gear-overwritten-rows";
-
 /// Window pieces at least this long go out as region slices of their own;
 /// shorter ones are copied in with the pieces around them. Each slice is a
 /// DATA frame of its own, and a frame costs both ends more than copying a
@@ -69,9 +68,6 @@ const OWN_FRAME_MIN_BYTES: usize = 64 << 10;
 
 /// Bytes copied into one piece at most (the piece's allocation).
 const SMALL_PIECE_BYTES: usize = 1 << 20;
-
-/// The field number of `SampleReply.columns`.
-const COLUMNS_FIELD: u32 = 8;
 
 /// Zeros for padding pieces, shared by every reply.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
