@@ -103,3 +103,33 @@ fn samples_per_insert_stops_a_shard_until_it_gets_inserts() {
     assert!(from_0 + after <= 10, "shard 0 gave {} rows on a budget of 10", from_0 + after);
     assert_eq!(cluster.info(0).unwrap().samples as usize, from_0 + after);
 }
+
+#[test]
+fn a_remote_insert_held_back_by_the_limiter_waits_then_commits() {
+    // Ratio 1 within an error buffer of 2: writers run at most a few
+    // trajectories ahead of the samples.
+    let ratio = RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 2.0).unwrap();
+    let server = shard(0, 0, ratio);
+    let table = server.tables().table(gear_net::DEFAULT_TABLE).unwrap().clone();
+    let mut config = ClusterConfig::new(vec![server.local_addr().to_string()], TOKEN);
+    config.call_timeout = Duration::from_secs(20);
+    let cluster = ClusterClient::new(config).unwrap();
+    let started = std::time::Instant::now();
+    let writer = std::thread::spawn(move || cluster.insert(WriteTarget::Shard(0), (0..8).map(one).collect(), 0));
+    // The stream's first trajectories go in at once, then the limiter
+    // holds its writer (the shard waits off its runtime threads).
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(!writer.is_finished(), "8 inserts were not held back");
+    let held = table.info().unwrap().inserts;
+    assert!((1..8).contains(&held), "{held} trajectories in before the limiter held");
+    let config = gear_api::SampleConfig::new(1, WindowSpec::last(1)).timeout(Some(Duration::from_millis(50)));
+    let mut sampler = table.sampler(config).unwrap();
+    while !writer.is_finished() {
+        assert!(started.elapsed() < Duration::from_secs(15), "the held insert never resumed");
+        let _ = sampler.sample();
+    }
+    let keys = writer.join().unwrap().unwrap();
+    assert_eq!(keys.len(), 8);
+    assert_eq!(table.info().unwrap().inserts, 8);
+    assert!(table.wait_stats().insert_waits >= 1, "the shard's writer never waited");
+}

@@ -301,10 +301,11 @@ impl PendingSample {
     }
 }
 
-/// Runs `f`, which may block, from wherever the encoder is: on a
-/// multi-thread tokio runtime under `block_in_place` (the runtime moves its
-/// other tasks to another thread meanwhile), elsewhere directly.
-fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
+/// Runs `f`, which may block, from wherever the caller is (the encoder, an
+/// insert stream): on a multi-thread tokio runtime under `block_in_place`
+/// (the runtime moves its other tasks to another thread meanwhile),
+/// elsewhere directly.
+pub(super) fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),

@@ -53,6 +53,7 @@ use std::pin::Pin;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tonic::body::BoxBody;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
@@ -160,13 +161,24 @@ impl ShardService {
             .collect::<Result<_, _>>()?;
         let (shard, incarnation) = (self.shard, served.incarnation);
         let (rows, random_start) = (req.rows as usize, req.random_start);
-        let drawn = blocking(move || {
-            let drawn =
-                table.draw_ranges(rows, window, random_start, &columns, config.timeout).map_err(table_status)?;
+        // The draw waits only for data or the rate limiter: it is tried at
+        // once on this thread (no hand-off to another), and on tokio's
+        // blocking pool with the request's timeout when it would wait. The
+        // rest takes the table lock for a moment at most.
+        let drawn = match table.draw_ranges(rows, window, random_start, &columns, Some(Duration::ZERO)) {
+            Err(gear_api::Error::Timeout { .. }) => {
+                let table = table.clone();
+                blocking(move || {
+                    table.draw_ranges(rows, window, random_start, &columns, config.timeout).map_err(table_status)
+                })
+                .await
+            }
+            drawn => drawn.map_err(table_status),
+        };
+        let drawn = drawn.and_then(|drawn| {
             let meta = ranged_reply_fields(shard, incarnation, &drawn, table_masses(&table)?);
             TableReply::lay_out(&meta, &drawn, &step_bytes, window.len, memory)
-        })
-        .await;
+        });
         match drawn {
             Ok(reply) => Ok(Some(reply.into_response(self.tables.clone(), index, timer))),
             Err(status) => {
