@@ -15,6 +15,14 @@ use tonic::Status;
 /// `server/sample_route.rs`; the client then asks again, `client/call.rs`).
 pub(crate) const OVERWRITTEN_ROWS: &str = "gear-overwritten-rows";
 
+/// A message above the limit refused as tonic refuses it (`OutOfRange`,
+/// its wording); `found` says how large it was seen to be.
+pub(crate) fn message_too_large(found: impl std::fmt::Display, limit: usize) -> Status {
+    Status::out_of_range(format!(
+        "Error, decoded message length too large: found {found} bytes, the limit is: {limit} bytes"
+    ))
+}
+
 /// `message` framed as one gRPC message: a zero flag byte (not
 /// compressed), its length in 4 big-endian bytes, its encoding.
 pub(crate) fn grpc_message(message: &impl prost::Message) -> Bytes {

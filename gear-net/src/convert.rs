@@ -14,6 +14,18 @@ pub const MAX_SAMPLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Rows one sample request may ask for.
 pub const MAX_SAMPLE_ROWS: u64 = 1 << 20;
 
+/// A sample request's shape, checked against the spec and the message
+/// limit.
+pub(crate) struct CheckedSample {
+    pub(crate) window: WindowSpec,
+    /// The spec's indices of the requested columns, in the request's order.
+    pub(crate) columns: Vec<usize>,
+    /// Bytes of one step of each of `columns`.
+    pub(crate) step_bytes: Vec<u64>,
+    /// How long the shard may wait for data or its rate limiter.
+    pub(crate) timeout: Duration,
+}
+
 /// What the server accepts in one message.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
@@ -26,18 +38,20 @@ impl Limits {
         Limits { max_message_bytes, max_updates: 1 << 20 }
     }
 
-    /// The sampler config a request asks for; refused if the reply would
-    /// not fit a message.
-    pub(crate) fn sample_config(&self, spec: &TableSpec, req: &SampleRequest) -> Result<SampleConfig, Status> {
-        let (window, indices) = sample_shape(spec, req)?;
+    /// What a request asks for, checked ([`sample_shape`]); refused if the
+    /// reply would not fit a message.
+    pub(crate) fn checked_sample(&self, spec: &TableSpec, req: &SampleRequest) -> Result<CheckedSample, Status> {
+        let (window, columns) = sample_shape(spec, req)?;
         let mut total = 0u64;
-        for &c in &indices {
+        let mut step_bytes = Vec::with_capacity(columns.len());
+        for &c in &columns {
             let step = spec.columns()[c].step_bytes().map_err(|e| Status::internal(e.to_string()))?;
             let row = step.checked_mul(window.len).ok_or_else(|| Status::invalid_argument("window too large"))?;
             total = row
                 .checked_mul(req.rows)
                 .and_then(|b| b.checked_add(total))
                 .ok_or_else(|| Status::invalid_argument("reply size overflows"))?;
+            step_bytes.push(step);
         }
         if total > self.max_message_bytes {
             return Err(Status::resource_exhausted(format!(
@@ -46,9 +60,15 @@ impl Limits {
             )));
         }
         let timeout = Duration::from_millis(req.timeout_ms).min(MAX_SAMPLE_TIMEOUT);
-        let config = SampleConfig::new(req.rows as usize, window)
-            .columns(indices.iter().map(|&c| spec.columns()[c].name().to_owned()))
-            .timeout(Some(timeout));
+        Ok(CheckedSample { window, columns, step_bytes, timeout })
+    }
+
+    /// The sampler config a request asks for ([`Limits::checked_sample`]).
+    pub(crate) fn sample_config(&self, spec: &TableSpec, req: &SampleRequest) -> Result<SampleConfig, Status> {
+        let checked = self.checked_sample(spec, req)?;
+        let config = SampleConfig::new(req.rows as usize, checked.window)
+            .columns(checked.columns.iter().map(|&c| spec.columns()[c].name().to_owned()))
+            .timeout(Some(checked.timeout));
         Ok(if req.random_start { config.random_start() } else { config })
     }
 

@@ -20,7 +20,7 @@
 //! checked before anything is buffered past them, and nothing panics.
 
 use super::ShardService;
-use crate::body::{grpc_message, ReadyFrames};
+use crate::body::{grpc_message, message_too_large, ReadyFrames};
 use crate::metrics::{Method, RpcTimer};
 use crate::proto::{InsertChunk, InsertReply};
 use bytes::{Buf, Bytes, BytesMut};
@@ -125,10 +125,7 @@ impl Frames {
             )));
         }
         if len > self.max_message_bytes {
-            return Err(Status::out_of_range(format!(
-                "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
-                self.max_message_bytes
-            )));
+            return Err(message_too_large(len, self.max_message_bytes));
         }
         if self.buffered < 5 + len {
             return Ok(None);

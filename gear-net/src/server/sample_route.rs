@@ -35,8 +35,8 @@
 
 use super::reply::COLUMNS_FIELD;
 use super::{blocking, check_incarnation, ranged_reply_fields, table_masses, ShardService};
-use crate::body::OVERWRITTEN_ROWS;
-use crate::convert::{sample_shape, table_status};
+use crate::body::{message_too_large, OVERWRITTEN_ROWS};
+use crate::convert::{table_status, CheckedSample};
 use crate::metrics::{Method, RpcTimer};
 use crate::proto::{SampleReply, SampleRequest};
 use crate::server::tables::ServedTables;
@@ -112,11 +112,7 @@ async fn read_request(mut body: BoxBody, max_message_bytes: usize) -> Result<Byt
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else { continue };
         if bytes.len() + data.len() > max_message_bytes.saturating_add(5) {
-            return Err(Status::out_of_range(format!(
-                "Error, decoded message length too large: found {} bytes and more, the limit is: {} bytes",
-                bytes.len() + data.len(),
-                max_message_bytes
-            )));
+            return Err(message_too_large(format!("{} and more", bytes.len() + data.len()), max_message_bytes));
         }
         bytes.extend_from_slice(&data);
     }
@@ -148,17 +144,12 @@ impl ShardService {
         if not_here {
             return Ok(None);
         }
-        let (Ok(config), Ok((window, columns))) =
-            (self.limits.sample_config(table.spec(), &req), sample_shape(table.spec(), &req))
+        let Ok(CheckedSample { window, columns, step_bytes, timeout }) = self.limits.checked_sample(table.spec(), &req)
         else {
             return Ok(None);
         };
         let mut timer = RpcTimer::start(&self.tables, Method::Sample);
         timer.table(index);
-        let step_bytes: Vec<u64> = columns
-            .iter()
-            .map(|&c| table.spec().columns()[c].step_bytes().map_err(|e| Status::internal(e.to_string())))
-            .collect::<Result<_, _>>()?;
         let (shard, incarnation) = (self.shard, served.incarnation);
         let (rows, random_start) = (req.rows as usize, req.random_start);
         // The draw waits only for data or the rate limiter: it is tried at
@@ -169,7 +160,7 @@ impl ShardService {
             Err(gear_api::Error::Timeout { .. }) => {
                 let table = table.clone();
                 blocking(move || {
-                    table.draw_ranges(rows, window, random_start, &columns, config.timeout).map_err(table_status)
+                    table.draw_ranges(rows, window, random_start, &columns, Some(timeout)).map_err(table_status)
                 })
                 .await
             }
