@@ -1,7 +1,8 @@
 //! The async cluster client inside tokio runtimes (current-thread and
 //! multi-thread), futures dropped part way (a sample mid-reply, inserts
 //! mid-stream, byte-range reads) leaving the next call whole, and the
-//! blocking client refusing (never panicking) inside a runtime.
+//! blocking client refusing (never panicking) inside a runtime, its sampling
+//! calls (tasks on its runtime) writing only their callers' buffers.
 
 #[allow(dead_code)]
 mod common;
@@ -237,4 +238,36 @@ fn the_blocking_client_refuses_inside_a_runtime_and_drops_there_quietly() {
     // The async client needs a runtime to be made in.
     let e = AsyncClusterClient::new(config(addresses(&servers), DataPlane::ShardGather)).unwrap_err();
     assert!(e.to_string().contains("inside a tokio runtime"), "{e}");
+}
+
+/// The blocking client's sampling calls run as tasks on its runtime while
+/// borrowing the caller's buffers: several threads, each with buffers of
+/// its own reused every batch, over both data planes; every row whole and
+/// in its own thread's buffers (a task that wrote past its call, or into
+/// another call's buffers, would show as a torn or foreign row).
+#[test]
+fn the_blocking_clients_sampling_tasks_write_only_their_callers_buffers() {
+    let tables = tables(3);
+    let servers = serve(&tables);
+    for plane in [DataPlane::ShardGather, DataPlane::Auto] {
+        let client = ClusterClient::new(config(addresses(&servers), plane)).unwrap();
+        let sizes = client.column_bytes(&request(32)).unwrap();
+        std::thread::scope(|scope| {
+            for _ in 0..3 {
+                let (client, sizes) = (&client, &sizes);
+                scope.spawn(move || {
+                    let mut columns: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0xAB; n]).collect();
+                    let mut rows = BatchRows::default();
+                    for _ in 0..40 {
+                        columns.iter_mut().for_each(|c| c.fill(0xAB));
+                        let mut views: Vec<&mut [u8]> = columns.iter_mut().map(Vec::as_mut_slice).collect();
+                        client.sample_into(&request(32), &mut views, &mut rows).unwrap();
+                        check_rows(&as_batch(&columns, &rows), WindowSpec::last(4), 32);
+                        let batch = client.sample(&request(8)).unwrap();
+                        check_rows(&batch, WindowSpec::last(4), 8);
+                    }
+                });
+            }
+        });
+    }
 }
