@@ -93,7 +93,7 @@ def main() -> None:
         close = None
 
     learner = Learner("S", obs_shape, a.window)
-    data, _ = take()
+    data, handle = take()
     step_secs = []
     takes = []
     for _ in range(a.steps):
@@ -103,9 +103,10 @@ def main() -> None:
         else:
             time.sleep(statistics.median(step_secs) if step_secs else 0.07)
         step_secs.append(time.perf_counter() - s)
-        data = None
+        # Both released before the take is timed, as train.py does.
+        data = handle = None
         t = time.perf_counter()
-        data, _ = take()
+        data, handle = take()
         takes.append(time.perf_counter() - t)
     if close is not None:
         close()

@@ -1,8 +1,11 @@
 """Samplers that draw ahead on a Rust thread (`sampler(..., prefetch=N)`):
 every row exact, kept batches never overwritten, a transform applied on
 the thread, timeouts raised in their turn with sampling going on, a
-closed table ending iteration, close() and the arguments refused."""
+closed table ending iteration, close() and the arguments refused, the
+thread scheduled so that a take's wake-up never preempts the learner."""
 
+import os
+import sys
 import threading
 import time
 
@@ -55,6 +58,37 @@ def test_prefetched_batches_are_exact_and_kept_ones_never_change():
         assert np.array_equal(b["id"], ids) and np.array_equal(b["t"], ts) and np.array_equal(b.keys, keys)
     # Zero copy: the columns are views of the batch's own buffer.
     assert kept[0]["id"].base is not None and kept[0].buffer is not None
+    table.close()
+
+
+def threads_named(name: str):
+    """Thread ids of this process whose name is `name`."""
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    tids.append(int(tid))
+        except FileNotFoundError:  # ended meanwhile
+            pass
+    return tids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
+def test_the_prefetch_thread_is_a_batch_thread_and_the_callers_is_untouched():
+    """A take wakes the prefetch thread; as an ordinary thread it often ran
+    at once on the learner's core and drew the next batch before the take
+    returned (ms instead of µs). As a SCHED_BATCH thread it never preempts
+    the thread that woke it."""
+    table = table_with(40)
+    before = set(threads_named("gear-prefetch"))
+    sampler = table.sampler(16, 4, offset=0, prefetch=1)
+    check_rows(sampler.sample())
+    ours = [t for t in threads_named("gear-prefetch") if t not in before]
+    assert len(ours) == 1, ours
+    assert os.sched_getscheduler(ours[0]) == os.SCHED_BATCH
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    sampler.close()
     table.close()
 
 
