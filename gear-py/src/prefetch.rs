@@ -281,7 +281,7 @@ impl Drop for Prefetcher {
 /// into the full channel completes). As an ordinary thread it was often
 /// run at once on the learner's core, where it drew the next batch (a few
 /// ms of CPU) before the take could return; in such processes the take's
-/// median was 3.2 to 3.8 ms, against 23 to 26 µs as a batch thread
+/// median was 3.2 to 3.8 ms, against 20 to 26 µs as a batch thread
 /// (docs/PERFORMANCE.md, "The take of a prefetched batch after a model
 /// step"). A batch thread is otherwise scheduled as an ordinary one of
 /// the same nice value, so the draws keep their share of the CPU. Best
