@@ -414,7 +414,7 @@ struct TaskOutlivesCaller;
 
 impl Drop for TaskOutlivesCaller {
     fn drop(&mut self) {
-        eprintln!("gear: a cluster client call unwound while its task still borrowed the caller's buffers; aborting");
+        tracing::error!("a cluster client call unwound while its task still borrowed the caller's buffers; aborting");
         std::process::abort();
     }
 }
