@@ -469,12 +469,15 @@ impl ClusterClient {
     /// Runs `call` to its end on the client's runtime; refused inside a
     /// runtime (see the type's doc).
     fn block_on<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(Error::InsideRuntime);
-        }
+        self.runtime()?.block_on(call)
+    }
+
+    /// The client's runtime, to block on from this thread; refused inside
+    /// a runtime (see the type's doc).
+    fn runtime(&self) -> Result<&tokio::runtime::Runtime> {
         match &self.runtime {
-            Some(runtime) => runtime.block_on(call),
-            None => Err(Error::InsideRuntime),
+            Some(runtime) if tokio::runtime::Handle::try_current().is_err() => Ok(runtime),
+            _ => Err(Error::InsideRuntime),
         }
     }
 
@@ -493,12 +496,7 @@ impl ClusterClient {
     /// task may not; this returns only once the task is over, so no
     /// borrow outlives it.
     fn run_as_task<'a, T: Send + 'static>(&'a self, call: impl Future<Output = Result<T>> + Send + 'a) -> Result<T> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(Error::InsideRuntime);
-        }
-        let Some(runtime) = &self.runtime else {
-            return Err(Error::InsideRuntime);
-        };
+        let runtime = self.runtime()?;
         let call: std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>> = Box::pin(call);
         // SAFETY: only the lifetime changes. The task borrows from the
         // caller for `'a`, and this function does not return (nor unwind:
@@ -523,10 +521,7 @@ impl ClusterClient {
     /// The client's runtime, for work that outlives one call (a
     /// trajectory's stream); refused inside a runtime.
     fn handle(&self) -> Result<tokio::runtime::Handle> {
-        match &self.runtime {
-            Some(runtime) if tokio::runtime::Handle::try_current().is_err() => Ok(runtime.handle().clone()),
-            _ => Err(Error::InsideRuntime),
-        }
+        Ok(self.runtime()?.handle().clone())
     }
 
     /// Number of shards in the config.
