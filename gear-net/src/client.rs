@@ -56,7 +56,7 @@ mod weights;
 mod wire;
 
 pub use cluster::AsyncClusterClient;
-pub use insert::TRAJECTORIES_PER_STREAM;
+pub use insert::{HELD_INSERT_SLICE, TRAJECTORIES_PER_STREAM};
 pub use stream::TrajectoryStream;
 pub use tables::{ShardTables, TableStatus};
 

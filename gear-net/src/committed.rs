@@ -9,6 +9,12 @@
 //! details travel in an HTTP/2 header, so they are capped at
 //! [`MAX_DETAIL_BYTES`]; the client keeps its streams short enough
 //! (`TRAJECTORIES_PER_STREAM` in the client) that the keys always fit.
+//!
+//! A stream that ended because the shard could not begin its next
+//! trajectory within the stream's begin wait (the rate limiter held it
+//! back) says so in the same details ([`held`]): nothing after the
+//! committed keys was stored, and a client that spreads its writes may
+//! send the rest to another shard.
 
 use crate::proto::{InsertReply, Key};
 use prost::Message;
@@ -21,13 +27,27 @@ pub const MAX_DETAIL_BYTES: usize = 8 << 10;
 
 /// Server side: `status`, with the keys committed before it attached.
 pub(crate) fn failed(status: Status, keys: &[Key], steps: u64) -> Status {
-    if keys.is_empty() {
+    with_details(status, keys, steps, false)
+}
+
+/// Server side: `status` (a begin wait that ran out) marked as a held
+/// trajectory, with the keys committed before it attached.
+pub(crate) fn held(status: Status, keys: &[Key], steps: u64) -> Status {
+    with_details(status, keys, steps, true)
+}
+
+fn with_details(status: Status, keys: &[Key], steps: u64, held: bool) -> Status {
+    if keys.is_empty() && !held {
         return status;
     }
-    let details = InsertReply { keys: keys.to_vec(), steps }.encode_to_vec();
-    let message = format!("{} ({} trajectories of this stream committed before it)", status.message(), keys.len());
+    let details = InsertReply { keys: keys.to_vec(), steps, held }.encode_to_vec();
+    let message = match keys.len() {
+        0 => status.message().to_owned(),
+        n => format!("{} ({n} trajectories of this stream committed before it)", status.message()),
+    };
     if details.len() > MAX_DETAIL_BYTES {
-        return Status::new(status.code(), format!("{message}; too many keys to list"));
+        let details = InsertReply { keys: Vec::new(), steps, held }.encode_to_vec();
+        return Status::with_details(status.code(), format!("{message}; too many keys to list"), details.into());
     }
     Status::with_details(status.code(), message, details.into())
 }
@@ -36,6 +56,12 @@ pub(crate) fn failed(status: Status, keys: &[Key], steps: u64) -> Status {
 /// them (none when the status carries no, or unreadable, details).
 pub(crate) fn committed_keys(status: &Status) -> Vec<Key> {
     InsertReply::decode(status.details()).map(|r| r.keys).unwrap_or_default()
+}
+
+/// Client side: whether a failed stream ended on a trajectory the shard
+/// held back (see the module doc).
+pub(crate) fn was_held(status: &Status) -> bool {
+    InsertReply::decode(status.details()).is_ok_and(|r| r.held)
 }
 
 #[cfg(test)]
@@ -56,6 +82,22 @@ mod tests {
         let many: Vec<Key> =
             (0..2000).map(|i| Key { shard: 1, incarnation: u64::MAX, slot: i, generation: i }).collect();
         let s = failed(Status::aborted("x"), &many, 1);
-        assert!(s.details().is_empty() && s.message().contains("too many keys"));
+        assert!(committed_keys(&s).is_empty() && s.message().contains("too many keys"));
+        assert!(!was_held(&s));
+    }
+
+    #[test]
+    fn a_held_trajectory_is_marked_with_or_without_keys() {
+        let none = held(Status::deadline_exceeded("rate limiter"), &[], 0);
+        assert!(was_held(&none) && committed_keys(&none).is_empty());
+        assert_eq!(none.message(), "rate limiter");
+        let key = Key { shard: 2, incarnation: 5, slot: 1, generation: 1 };
+        let one = held(Status::deadline_exceeded("rate limiter"), &[key], 3);
+        assert!(was_held(&one));
+        assert_eq!(committed_keys(&one), vec![key]);
+        assert!(!was_held(&failed(Status::deadline_exceeded("x"), &[key], 3)));
+        assert!(!was_held(&Status::deadline_exceeded("x")));
+        let many: Vec<Key> = (0..2000).map(|i| Key { shard: 1, incarnation: 1, slot: i, generation: i }).collect();
+        assert!(was_held(&held(Status::deadline_exceeded("x"), &many, 1)));
     }
 }

@@ -289,8 +289,10 @@ impl ShardService {
         mut stream: impl ChunkSource,
         timer: &mut RpcTimer,
     ) -> std::result::Result<InsertReply, Status> {
-        // The table and its writer, from the first chunk.
+        // The table and its writer (whose waits are the stream's begin
+        // wait), from the first chunk.
         let mut target: Option<(&ServedTable, Writer)> = None;
+        let mut begin_wait = INSERT_WAIT;
         let mut open: Option<Trajectory> = None;
         let mut keys = Vec::new();
         let mut steps = 0u64;
@@ -298,7 +300,10 @@ impl ShardService {
             match &target {
                 None => {
                     let served = self.find(&chunk.table, timer).map_err(|s| committed::failed(s, &keys, steps))?;
-                    target = Some((served, served.table.writer().with_timeout(INSERT_WAIT)));
+                    if let Some(ms) = chunk.begin_wait_ms {
+                        begin_wait = Duration::from_millis(ms).min(INSERT_WAIT);
+                    }
+                    target = Some((served, served.table.writer().with_timeout(begin_wait)));
                 }
                 Some((served, _)) if !chunk.table.is_empty() && chunk.table != served.name => {
                     let e = Status::invalid_argument(format!(
@@ -324,10 +329,16 @@ impl ShardService {
                 None => None,
             };
             served.count_received(chunk.columns.iter().map(|c| c.len() as u64).sum());
+            if open.is_none() {
+                let begun = begin_trajectory(writer, priority, begin_wait).map_err(|e| match e {
+                    gear_api::Error::Timeout { .. } => committed::held(table_status(e), &keys, steps),
+                    e => committed::failed(table_status(e), &keys, steps),
+                })?;
+                open = Some(begun);
+            }
             let key = (|| -> std::result::Result<Option<SlotKey>, Status> {
-                let traj = match &mut open {
-                    Some(t) => t,
-                    None => open.insert(begin_trajectory(writer, priority)?),
+                let Some(traj) = &mut open else {
+                    return Err(Status::internal("an insert chunk without an open trajectory"));
                 };
                 if chunk.steps > 0 {
                     for (c, bytes) in chunk.columns.iter().enumerate() {
@@ -346,14 +357,18 @@ impl ShardService {
             keys.extend(key.map(|k| key_to_proto(self.shard, served.incarnation, k)));
         }
         // A trajectory left open by a stream that ended is abandoned on drop.
-        Ok(InsertReply { keys, steps })
+        Ok(InsertReply { keys, steps, held: false })
     }
 }
 
 /// How long a remote insert waits for the rate limiter or the table lock.
 const INSERT_WAIT: Duration = Duration::from_secs(30);
 
-/// Begins a trajectory with `writer` (whose waits last [`INSERT_WAIT`]).
+/// Begins a trajectory with `writer`, whose waits last `wait` (the
+/// stream's begin wait, at most [`INSERT_WAIT`]); its appends and commit
+/// then wait at most [`INSERT_WAIT`]. A wait that runs out is
+/// `Error::Timeout`, which the stream reports as a held trajectory
+/// (`committed::held`).
 ///
 /// Only `begin` waits for long (the rate limiter holds writers back); the
 /// appends and the commit take the table lock for a moment. So the insert
@@ -364,15 +379,13 @@ const INSERT_WAIT: Duration = Duration::from_secs(30);
 /// insert's CPU (`gear bench --shards 3`: 0.55 against 0.45 CPU s/GB). A
 /// `begin` that had to wait counts one extra, empty wait in the table's
 /// wait counters (the try at once).
-fn begin_trajectory(writer: &Writer, priority: Option<f64>) -> std::result::Result<Trajectory, Status> {
-    match writer.clone().with_timeout(Duration::ZERO).begin(priority) {
-        Ok(mut trajectory) => {
-            trajectory.set_timeout(Some(INSERT_WAIT));
-            Ok(trajectory)
-        }
-        Err(gear_api::Error::Timeout { .. }) => reply::run_blocking(|| writer.begin(priority)).map_err(table_status),
-        Err(e) => Err(table_status(e)),
-    }
+fn begin_trajectory(writer: &Writer, priority: Option<f64>, wait: Duration) -> gear_api::Result<Trajectory> {
+    let mut trajectory = match writer.clone().with_timeout(Duration::ZERO).begin(priority) {
+        Err(gear_api::Error::Timeout { .. }) if !wait.is_zero() => reply::run_blocking(|| writer.begin(priority))?,
+        begun => begun?,
+    };
+    trajectory.set_timeout(Some(INSERT_WAIT));
+    Ok(trajectory)
 }
 
 /// `table`'s size, total mass and smallest mass (see `selection_masses`).

@@ -259,17 +259,17 @@ proptest! {
     #[test]
     fn well_formed_but_absurd_chunks_never_panic(
         chunks in proptest::collection::vec(
-            (any::<u64>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..4), proptest::option::of(any::<f64>()), any::<bool>(), table_name()),
+            (any::<u64>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..4), proptest::option::of(any::<f64>()), any::<bool>(), table_name(), proptest::option::of(prop_oneof![Just(0u64), Just(u64::MAX), 0..50u64])),
             1..6,
         )
     ) {
         let messages = chunks
             .into_iter()
-            .map(|(steps, columns, priority, end, table)| {
+            .map(|(steps, columns, priority, end, table, begin_wait_ms)| {
                 // Mostly small step counts, so some chunks pass the size checks.
                 let steps = if steps % 4 == 0 { steps } else { steps % 9 };
                 let columns = columns.into_iter().map(Into::into).collect();
-                InsertChunk { steps, columns, priority, end, table }.encode_to_vec()
+                InsertChunk { steps, columns, priority, end, table, begin_wait_ms }.encode_to_vec()
             })
             .collect();
         insert_stream(messages);

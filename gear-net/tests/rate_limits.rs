@@ -3,7 +3,9 @@
 //! cross-shard batch waits on a shard that may not sample, leaves it out
 //! when its wait ends (the shard answers DEADLINE_EXCEEDED a little before
 //! the client's deadline) and draws those rows from the others; the shard
-//! serves again once inserts allow it.
+//! serves again once inserts allow it. A shard whose limiter holds a
+//! writer back refuses the trajectory when the stream's begin wait runs
+//! out; a spreading writer then sends it to the next shard.
 
 use gear_api::{RateLimiterConfig, ReplayTable, StepValue};
 use gear_core::{ColumnSpec, DType, TableSpec, WindowSpec};
@@ -13,6 +15,10 @@ use gear_net::{
 };
 use gear_sampler::{StrategyKind, StrategyParams};
 use std::time::Duration;
+
+#[allow(dead_code)] // each suite uses part of the shared helpers
+mod common;
+use common::within;
 
 const TOKEN: &str = "rate-limit-test-token-01";
 
@@ -132,4 +138,115 @@ fn a_remote_insert_held_back_by_the_limiter_waits_then_commits() {
     assert_eq!(keys.len(), 8);
     assert_eq!(table.info().unwrap().inserts, 8);
     assert!(table.wait_stats().insert_waits >= 1, "the shard's writer never waited");
+}
+
+/// Ratio 1 within [-1, 3] (minimum size 1, error buffer 2): a shard whose
+/// inserts lead its samples by 3 holds its writers back; one whose samples
+/// caught up with its inserts holds its samplers.
+fn tight() -> RateLimiterConfig {
+    RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 2.0).unwrap()
+}
+
+fn table_of(server: &ServerHandle) -> ReplayTable {
+    server.tables().table(gear_net::DEFAULT_TABLE).unwrap().clone()
+}
+
+fn client(servers: &[ServerHandle], call_timeout: Duration, seed: u64) -> ClusterClient {
+    let mut config = ClusterConfig::new(servers.iter().map(|s| s.local_addr().to_string()).collect(), TOKEN);
+    config.call_timeout = call_timeout;
+    config.seed = seed;
+    ClusterClient::new(config).unwrap()
+}
+
+#[test]
+fn a_round_robin_writer_sends_a_held_trajectory_to_the_next_shard() {
+    within("rate_limits", 60, || {
+        // Shard 0 holds its writers (3 inserts, no samples); shard 1 is empty.
+        let servers = [shard(0, 3, tight()), shard(1, 0, tight())];
+        // Longer than a shard's own wait would have been before (30 s is
+        // its bound; 20 s here): the insert succeeds only if it moves.
+        let cluster = client(&servers, Duration::from_secs(20), 1);
+        // Round robin starts at shard 0.
+        let keys = cluster.insert(WriteTarget::RoundRobin, vec![one(100)], 0).unwrap();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].shard, 1, "the held trajectory should have gone to shard 1");
+        assert_eq!(table_of(&servers[0]).info().unwrap().inserts, 3, "shard 0 stored part of a held insert");
+        assert_eq!(table_of(&servers[1]).info().unwrap().inserts, 1);
+        // A batch spread over both: shard 0 holds its part, shard 1 takes
+        // the rest (it admits 3 before holding too), nothing lost twice.
+        let keys = cluster.insert(WriteTarget::RoundRobin, (0..2).map(one).collect(), 0).unwrap();
+        assert!(keys.iter().all(|k| k.shard == 1), "{keys:?}");
+        assert_eq!(table_of(&servers[0]).info().unwrap().inserts, 3);
+        assert_eq!(table_of(&servers[1]).info().unwrap().inserts, 3);
+        // Shard 0 answered every time: it is not taken for lost.
+        let request = ClusterSample { rows: 4, window: WindowSpec::last(1), columns: vec![], random_start: false };
+        let b = cluster.sample(&request).unwrap();
+        assert!(b.lost.is_empty() && b.rejoined.is_empty(), "{:?} {:?}", b.lost, b.rejoined);
+    });
+}
+
+#[test]
+fn a_trainer_waiting_on_a_hungry_shard_is_fed_by_a_writer_held_on_a_full_one() {
+    within("rate_limits", 60, || {
+        // Ratio 1 within [-19, 21]. Shard 0 is full: 21 inserts and no
+        // samples hold its writers. Shard 1 is hungry: 10 items sampled 29
+        // times, so its samplers wait for inserts.
+        let wide = RateLimiterConfig::sample_to_insert_ratio(1.0, 1, 20.0).unwrap();
+        let servers = [shard(0, 21, wide), shard(1, 10, wide)];
+        let hungry = table_of(&servers[1]);
+        let mut local = hungry.sampler(gear_api::SampleConfig::new(29, WindowSpec::last(1))).unwrap();
+        local.sample().unwrap();
+        // The trainer's draw from the hungry shard (a batch's part there).
+        let trainer = client(&servers, Duration::from_secs(20), 5);
+        let sampling = std::thread::spawn(move || {
+            let request = ClusterSample { rows: 1, window: WindowSpec::last(1), columns: vec![], random_start: false };
+            trainer.sample_shard(1, &request)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        if sampling.is_finished() {
+            let b = sampling.join().unwrap();
+            panic!("the draw did not wait for the hungry shard: {b:?}");
+        }
+        // The actor's round robin points at the full shard. Held there, its
+        // trajectory moves to the hungry shard, which then serves the draw;
+        // before, both waited until a deadline ran out.
+        let actor = client(&servers, Duration::from_secs(20), 9);
+        let keys = actor.insert(WriteTarget::RoundRobin, vec![one(7)], 0).unwrap();
+        assert_eq!(keys[0].shard, 1);
+        let b = sampling.join().unwrap().unwrap();
+        assert_eq!(b.keys.len(), 1);
+        assert!(b.lost.is_empty(), "{:?}", b.lost);
+    });
+}
+
+#[test]
+fn a_writer_aimed_at_a_held_shard_is_refused_before_its_deadline() {
+    within("rate_limits", 60, || {
+        let servers = [shard(0, 3, tight()), shard(1, 0, tight())];
+        let cluster = client(&servers, Duration::from_millis(800), 3);
+        let e = cluster.insert(WriteTarget::Shard(0), vec![one(1)], 0).unwrap_err();
+        let gear_net::Error::Status { shard: 0, status } = &e else { panic!("{e}") };
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{e}");
+        assert!(status.message().contains("rate limiter"), "{e}");
+        // The shard gave up when the client did: no writer waits on.
+        let table = table_of(&servers[0]);
+        assert!(table.info().unwrap().waiting.is_empty(), "{:?}", table.info().unwrap().waiting);
+        assert_eq!(table.info().unwrap().inserts, 3);
+        // Every shard holding: a spread insert moves its trajectories
+        // round until the call's deadline, then fails storing none.
+        let full = table_of(&servers[1]);
+        let writer = full.writer();
+        for i in 0..3 {
+            let mut t = writer.begin(None).unwrap();
+            t.append_step(&[StepValue::typed(&[i as i64])]).unwrap();
+            t.end().unwrap();
+        }
+        let e = cluster.insert(WriteTarget::RoundRobin, (0..3).map(one).collect(), 0).unwrap_err();
+        assert!(e.to_string().contains("held 3 trajectories"), "{e}");
+        assert_eq!(table.info().unwrap().inserts + full.info().unwrap().inserts, 6);
+        // Neither shard is taken for lost: both answered.
+        let request = ClusterSample { rows: 4, window: WindowSpec::last(1), columns: vec![], random_start: false };
+        let b = cluster.sample(&request).unwrap();
+        assert!(b.lost.is_empty() && b.rejoined.is_empty(), "{:?} {:?}", b.lost, b.rejoined);
+    });
 }

@@ -205,6 +205,7 @@ fn an_insert_stream_cannot_change_table_half_way() {
             priority: Some(1.0),
             end: true,
             table: table.to_owned(),
+            begin_wait_ms: None,
         };
         // The second chunk repeats the name (allowed), the third names another.
         let chunks = vec![chunk("replay"), chunk("replay"), chunk(""), chunk("queue")];

@@ -344,15 +344,10 @@ mod tests {
                 priority: Some(0.5),
                 end: false,
                 table: "replay".into(),
+                begin_wait_ms: Some(100),
             },
-            InsertChunk { steps: 0, columns: vec![], priority: None, end: true, table: String::new() },
-            InsertChunk {
-                steps: 1,
-                columns: vec![small.clone(), big.clone()],
-                priority: None,
-                end: true,
-                table: String::new(),
-            },
+            InsertChunk { steps: 0, columns: vec![], end: true, ..InsertChunk::default() },
+            InsertChunk { steps: 1, columns: vec![small.clone(), big.clone()], end: true, ..InsertChunk::default() },
         ];
         let pieces = insert_pieces(chunks.clone(), 1 << 20).unwrap();
         assert_eq!(decoded(&pieces), chunks);
@@ -365,7 +360,7 @@ mod tests {
                 columns: vec![small.clone()],
                 priority: Some(i as f64),
                 end: true,
-                table: String::new(),
+                ..InsertChunk::default()
             })
             .collect();
         let pieces = insert_pieces(tiny.clone(), 1 << 20).unwrap();
@@ -390,6 +385,7 @@ mod tests {
         let reply = InsertReply {
             keys: vec![crate::proto::Key { shard: 1, incarnation: 2, slot: 3, generation: 4 }],
             steps: 9,
+            held: false,
         };
         let message = reply.encode_to_vec();
         let mut framed = vec![0];

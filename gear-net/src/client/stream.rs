@@ -105,7 +105,7 @@ impl TrajectoryStream {
     /// stream: `Ok(false)` means there was none and nothing was sent (send
     /// the same chunk again).
     pub fn send(&mut self, steps: u64, columns: Vec<Bytes>, priority: Option<f64>, timeout: Duration) -> Result<bool> {
-        self.push(InsertChunk { steps, columns, priority, end: false, table: String::new() }, timeout)
+        self.push(InsertChunk { steps, columns, priority, end: false, ..InsertChunk::default() }, timeout)
     }
 
     /// As [`send`](Self::send), for the last steps (none is fine): the
@@ -118,7 +118,7 @@ impl TrajectoryStream {
         priority: Option<f64>,
         timeout: Duration,
     ) -> Result<bool> {
-        let sent = self.push(InsertChunk { steps, columns, priority, end: true, table: String::new() }, timeout)?;
+        let sent = self.push(InsertChunk { steps, columns, priority, end: true, ..InsertChunk::default() }, timeout)?;
         if sent {
             // Closing the stream lets the shard answer.
             self.sender = None;

@@ -11,7 +11,13 @@ impl AsyncClusterClient {
     /// trajectories were committed is [`Error::PartialInsert`], which lists
     /// them; a trajectory is never stored in part. Each insert stream (at
     /// most [`TRAJECTORIES_PER_STREAM`](crate::client::TRAJECTORIES_PER_STREAM)
-    /// trajectories) has `call_timeout` to finish.
+    /// trajectories) has `call_timeout` to finish. A shard's rate limiter
+    /// may hold a trajectory back: aimed at one shard, it waits there for
+    /// up to 3/4 of `call_timeout`; spread (round robin, most free), it
+    /// waits [`HELD_INSERT_SLICE`](crate::client::HELD_INSERT_SLICE) on a
+    /// shard, then goes to the next live one, until `call_timeout` has
+    /// passed. Either way a trajectory held to the end fails with the
+    /// shard's `DeadlineExceeded` ("rate limiter") and is not stored.
     pub async fn insert(
         &self,
         target: WriteTarget,
@@ -20,28 +26,17 @@ impl AsyncClusterClient {
     ) -> Result<Vec<RemoteKey>> {
         let n = self.core.shards.len();
         let mut per_shard: Vec<Vec<(usize, RemoteTrajectory)>> = vec![Vec::new(); n];
-        match target {
-            WriteTarget::Shard(s) if s < n => per_shard[s] = trajectories.into_iter().enumerate().collect(),
+        let shards = match target {
+            WriteTarget::Shard(s) if s < n => vec![s; trajectories.len()],
             WriteTarget::Shard(s) => return Err(Error::Config(format!("no shard {s}; the cluster has {n}"))),
-            WriteTarget::RoundRobin => {
-                let shards = self.core.round_robin(trajectories.len());
-                for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
-                    per_shard[s].push((i, t));
-                }
-            }
-            WriteTarget::MostFree => {
-                let shards = self.core.spread_by_free_space(trajectories.len()).await?;
-                for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
-                    per_shard[s].push((i, t));
-                }
-            }
+            WriteTarget::RoundRobin => self.core.round_robin(trajectories.len()),
+            WriteTarget::MostFree => self.core.spread_by_free_space(trajectories.len()).await?,
+        };
+        for ((i, t), s) in trajectories.into_iter().enumerate().zip(shards) {
+            per_shard[s].push((i, t));
         }
-        for (s, list) in per_shard.iter().enumerate() {
-            if !list.is_empty() {
-                self.core.forget_mass(s);
-            }
-        }
-        self.core.send_routed(per_shard, chunk_steps).await
+        let spread = !matches!(target, WriteTarget::Shard(_));
+        self.core.send_routed(per_shard, chunk_steps, spread).await
     }
 }
 
@@ -62,5 +57,13 @@ impl ClientCore {
                 s
             })
             .collect()
+    }
+
+    /// The live shard after `shard` in turn (`shard` itself when no other
+    /// is live): where a trajectory `shard` held back goes next.
+    pub(crate) fn next_live_after(&self, shard: usize) -> usize {
+        let n = self.shards.len();
+        let st = self.state.lock();
+        (1..n).map(|k| (shard + k) % n).find(|&s| !st[s].lost).unwrap_or(shard)
     }
 }

@@ -47,7 +47,14 @@ fn split(bytes: &[u8], cuts: &[usize]) -> Vec<Bytes> {
 }
 
 fn chunk(steps: u64, columns: Vec<Vec<u8>>, priority: Option<f64>, end: bool, table: &str) -> InsertChunk {
-    InsertChunk { steps, columns: columns.into_iter().map(Bytes::from).collect(), priority, end, table: table.into() }
+    InsertChunk {
+        steps,
+        columns: columns.into_iter().map(Bytes::from).collect(),
+        priority,
+        end,
+        table: table.into(),
+        begin_wait_ms: None,
+    }
 }
 
 #[test]
