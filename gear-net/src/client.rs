@@ -56,7 +56,7 @@ mod weights;
 mod wire;
 
 pub use cluster::AsyncClusterClient;
-pub use insert::{HELD_INSERT_SLICE, TRAJECTORIES_PER_STREAM};
+pub use insert::{HELD_INSERT_SLICE, HELD_INSERT_SLICE_MAX, TRAJECTORIES_PER_STREAM};
 pub use stream::TrajectoryStream;
 pub use tables::{ShardTables, TableStatus};
 
@@ -312,6 +312,10 @@ pub struct ShardInfo {
     pub total_mass: f64,
     /// Smallest selection mass of a stored item.
     pub min_mass: f64,
+    /// Trajectories the shard refused because it could not begin them
+    /// within their insert stream's begin wait (its rate limiter held
+    /// them; a spreading writer sent them on to another shard).
+    pub held_inserts: u64,
 }
 
 impl ShardInfo {
@@ -329,6 +333,7 @@ impl ShardInfo {
             bytes_gathered: r.bytes_gathered,
             total_mass: r.total_mass,
             min_mass: r.min_mass,
+            held_inserts: r.held_inserts,
         }
     }
 }

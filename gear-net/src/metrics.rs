@@ -160,6 +160,7 @@ pub(crate) struct TableFigures<'a> {
     rpc_bytes_received: u64,
     rpc_bytes_sent: u64,
     rows_overwritten: u64,
+    held_inserts: u64,
 }
 
 /// Kinds of metric families.
@@ -292,6 +293,13 @@ pub(crate) const TABLE_FAMILIES: &[TableFamily] = &[
         series: |f| vec![(&[], f.rows_overwritten as f64)],
     },
     TableFamily {
+        name: "gear_table_held_inserts_total",
+        kind: Kind::Counter,
+        help: "Trajectories refused because the server could not begin them within their insert stream's begin \
+               wait (held by the rate limiter); a spreading client sends them to another shard.",
+        series: |f| vec![(&[], f.held_inserts as f64)],
+    },
+    TableFamily {
         name: "gear_table_rate_limiter_waits_total",
         kind: Kind::Counter,
         help: "Calls of the server process that waited: writers for the rate limiter (op=insert), samplers for it \
@@ -402,7 +410,7 @@ impl ServedTables {
                 [("table", t.name.as_str()), ("incarnation", &incarnation), ("sampler", t.strategy.kind.name())];
             line(&mut out, "gear_table_info", &labels, 1.0);
         }
-        let figures: Vec<(&str, TableInfo, WaitStats, [u64; 3])> = self
+        let figures: Vec<(&str, TableInfo, WaitStats, [u64; 4])> = self
             .served()
             .iter()
             .filter_map(|t| {
@@ -410,18 +418,20 @@ impl ServedTables {
                 let received = t.rpc_bytes_received.load(Ordering::Relaxed);
                 let sent = t.rpc_bytes_sent.load(Ordering::Relaxed);
                 let overwritten = t.rows_overwritten.load(Ordering::Relaxed);
-                Some((t.name.as_str(), info, t.table.wait_stats(), [received, sent, overwritten]))
+                let held = t.held_inserts.load(Ordering::Relaxed);
+                Some((t.name.as_str(), info, t.table.wait_stats(), [received, sent, overwritten, held]))
             })
             .collect();
         for family in TABLE_FAMILIES {
             header(&mut out, family.name, family.kind.name(), family.help);
-            for (name, info, waits, [received, sent, overwritten]) in &figures {
+            for (name, info, waits, [received, sent, overwritten, held]) in &figures {
                 let f = TableFigures {
                     info,
                     waits,
                     rpc_bytes_received: *received,
                     rpc_bytes_sent: *sent,
                     rows_overwritten: *overwritten,
+                    held_inserts: *held,
                 };
                 for (extra, value) in (family.series)(&f) {
                     let mut labels: Vec<(&str, &str)> = vec![("table", name)];

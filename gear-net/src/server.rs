@@ -180,6 +180,7 @@ impl ShardService {
             rpc_bytes_received: served.rpc_bytes_received.load(Ordering::Relaxed),
             rpc_bytes_sent: served.rpc_bytes_sent.load(Ordering::Relaxed),
             sampler: served.strategy.kind.name().to_owned(),
+            held_inserts: served.held_inserts.load(Ordering::Relaxed),
         })
     }
 
@@ -331,7 +332,10 @@ impl ShardService {
             served.count_received(chunk.columns.iter().map(|c| c.len() as u64).sum());
             if open.is_none() {
                 let begun = begin_trajectory(writer, priority, begin_wait).map_err(|e| match e {
-                    gear_api::Error::Timeout { .. } => committed::held(table_status(e), &keys, steps),
+                    gear_api::Error::Timeout { .. } => {
+                        served.count_held();
+                        committed::held(table_status(e), &keys, steps)
+                    }
                     e => committed::failed(table_status(e), &keys, steps),
                 })?;
                 open = Some(begun);

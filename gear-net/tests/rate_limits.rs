@@ -172,6 +172,8 @@ fn a_round_robin_writer_sends_a_held_trajectory_to_the_next_shard() {
         assert_eq!(keys[0].shard, 1, "the held trajectory should have gone to shard 1");
         assert_eq!(table_of(&servers[0]).info().unwrap().inserts, 3, "shard 0 stored part of a held insert");
         assert_eq!(table_of(&servers[1]).info().unwrap().inserts, 1);
+        assert_eq!(cluster.info(0).unwrap().held_inserts, 1, "shard 0 did not count the trajectory it held");
+        assert_eq!(cluster.info(1).unwrap().held_inserts, 0);
         // A batch spread over both: shard 0 holds its part, shard 1 takes
         // the rest (it admits 3 before holding too), nothing lost twice.
         let keys = cluster.insert(WriteTarget::RoundRobin, (0..2).map(one).collect(), 0).unwrap();

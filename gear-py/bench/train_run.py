@@ -440,6 +440,10 @@ class GearCluster:
     def actor_handle(self) -> Any:
         return self.cluster
 
+    def counters(self) -> Dict[str, int]:
+        """Episodes the shards refused as held by their rate limiters."""
+        return {"held_inserts": sum(i.get("held_inserts", 0) for i in self.updates.info())}
+
     def source(self, batch: int) -> "GearSource":
         # Each row's window starts at a random step, drawn by its shard.
         # Two Sample calls in flight, from two samplers' threads (Reverb's
@@ -475,10 +479,12 @@ class GearClusterSink(BufferedSink):
                                          steps=EPISODE)
                 return
             except gear.TimeoutError as err:
-                # A shard bounds each wait for its rate limiter (30 s) and
-                # stores nothing of a refused episode; with a slow model the
-                # limiter rightly holds actors that long: try again, as a
-                # Reverb actor's blocked write keeps waiting.
+                # A shard whose rate limiter holds the episode sends it back
+                # after 100 ms and the writer tries the next shard (waiting
+                # twice as long, up to 1.6 s), until the call's 60 s pass
+                # with every shard holding it (nothing of it stored); with a slow model the limiters rightly hold actors
+                # that long: try again, as a Reverb actor's blocked write
+                # keeps waiting.
                 if "rate limiter" not in str(err):
                     raise
 
@@ -989,6 +995,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
                 waits = []
                 steps = 0
                 t0, cpu0, ins0 = now, meter.snapshot(), steps_counter.value
+                counted0 = system_counters(system)
                 t_end = now + seconds
             elif timed and now >= t_end and steps >= min_steps:
                 break
@@ -1020,6 +1027,7 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
         wall = time.perf_counter() - t0
         cpu = meter.between(cpu0, meter.snapshot())
         inserted = steps_counter.value - ins0
+        counted = {k: v - counted0.get(k, 0) for k, v in system_counters(system).items()}
         updates.close()
         updates.check()
     finally:
@@ -1052,7 +1060,17 @@ def measure(system: Any, spec: Spec, model: str, batch: int, seconds: float, war
         "cpu_share": {k: v / wall for k, v in sorted(cpu.items())},
         "torch_threads": torch.get_num_threads(),
         "device": device,
+        # The replay system's own counters over the timed part (gear-cluster:
+        # episodes a shard's rate limiter held past the writer's wait, 100 ms
+        # to 1.6 s, and sent back, to go to the next shard).
+        **counted,
     }
+
+
+def system_counters(system: Any) -> Dict[str, int]:
+    """The replay system's own counters now (`counters()`, where it has one)."""
+    counters = getattr(system, "counters", None)
+    return counters() if counters is not None else {}
 
 
 SYSTEMS: Dict[str, Any] = {"gear-local": GearLocal, "gear-items": GearItems, "gear-cluster": GearCluster,

@@ -17,16 +17,20 @@
 //! it wait most of the call's deadline, so the shard's refusal arrives
 //! before the client gives up (and the shard stops waiting when the client
 //! does). A writer that spreads its trajectories (round robin, most free)
-//! lets each shard wait [`HELD_INSERT_SLICE`] only: a trajectory the
-//! shard's rate limiter holds longer goes to the next live shard, and so
-//! on, round after round, until all are stored or the call's deadline has
-//! passed. Per-shard limiters need this. Rows of a batch are spread over
-//! the shards by priority mass and trajectories by count, so one shard can
-//! run out of inserts (its sampling waits) while the others have too many
-//! (their writers wait): a writer waiting on a full shard while the
-//! trainer's batch waits on a hungry one deadlocked both until a wait ran
-//! out (30 s). A held trajectory is never stored in part, so sending it
-//! again elsewhere stores it once.
+//! lets each shard wait [`HELD_INSERT_SLICE`] at first: a trajectory the
+//! shard's rate limiter holds longer goes to the next live shard, which
+//! may wait twice as long, and so on (at most [`HELD_INSERT_SLICE_MAX`]),
+//! until all are stored or the call's deadline has passed. Per-shard
+//! limiters need this. Rows of a batch are spread over the shards by
+//! priority mass and trajectories by count, so one shard can run out of
+//! inserts (its sampling waits) while the others have too many (their
+//! writers wait): a writer waiting on a full shard while the trainer's
+//! batch waits on a hungry one deadlocked both until a wait ran out (30
+//! s). A held trajectory is never stored in part, so sending it again
+//! elsewhere stores it once. What a refusal costs: the trajectory's bytes
+//! were sent (the shard reads a chunk before it begins the trajectory);
+//! the growing waits keep such resends few where every shard holds its
+//! writers for long (a trainer slower than its actors).
 
 use super::call::{self, CallError};
 use super::cluster::{status, ClientCore};
@@ -45,11 +49,15 @@ use tonic::codegen::http::HeaderValue;
 /// large enough that the stream's round trip is not felt.
 pub const TRAJECTORIES_PER_STREAM: usize = 256;
 
-/// How long a shard may hold a spreading writer's trajectory (round robin,
-/// most free) before the client sends it to the next shard (module doc):
-/// the longest a trainer waits on a shard starved of inserts while writers
-/// wait on the others.
+/// How long a shard may first hold a spreading writer's trajectory (round
+/// robin, most free) before the client sends it to the next shard (module
+/// doc); each further shard may hold it twice as long as the one before.
 pub const HELD_INSERT_SLICE: Duration = Duration::from_millis(100);
+
+/// The longest a shard may hold a spreading writer's trajectory before it
+/// moves on: with [`HELD_INSERT_SLICE`], the longest a trainer waits on a
+/// shard starved of inserts while writers wait on the others.
+pub const HELD_INSERT_SLICE_MAX: Duration = Duration::from_millis(1600);
 
 /// What one shard's streams committed, and how the first failure ended them.
 struct ShardOutcome {
@@ -131,8 +139,9 @@ impl ClientCore {
     /// Sends each shard its `(index, trajectory)` list; returns the keys in
     /// index order (indices `0..n` across the lists). With `spread`, a
     /// trajectory a shard holds back longer than [`HELD_INSERT_SLICE`] goes
-    /// to the next live shard, round after round, until the call's timeout
-    /// has passed (module doc); without, each shard may hold its
+    /// to the next live shard, round after round (each shard's wait twice
+    /// the last one's, at most [`HELD_INSERT_SLICE_MAX`]), until the call's
+    /// timeout has passed (module doc); without, each shard may hold its
     /// trajectories for most of the call's timeout. Shards are written in
     /// parallel, one task each; the tasks are aborted (their streams cut
     /// off, so nothing half sent is stored) if the future is dropped.
@@ -145,7 +154,7 @@ impl ClientCore {
         let total: usize = per_shard.iter().map(Vec::len).sum();
         let timeout = self.config.call_timeout;
         let deadline = Instant::now() + timeout;
-        let begin_wait = if spread { HELD_INSERT_SLICE.min(timeout) } else { timeout.mul_f64(0.75) };
+        let mut begin_wait = if spread { HELD_INSERT_SLICE.min(timeout) } else { timeout.mul_f64(0.75) };
         let mut committed = Vec::with_capacity(total);
         let mut round = per_shard;
         let first_failure = loop {
@@ -174,6 +183,7 @@ impl ClientCore {
                 break first_failure.or_else(|| held_failure.map(|e| held_everywhere(e, pending, timeout)));
             }
             round = next;
+            begin_wait = (begin_wait * 2).min(HELD_INSERT_SLICE_MAX).min(timeout);
         };
         committed.sort_unstable_by_key(|&(i, _)| i);
         match first_failure {

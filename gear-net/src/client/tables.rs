@@ -38,6 +38,9 @@ pub struct TableStatus {
     pub rpc_bytes_received: u64,
     /// Window bytes sent in `Sample` replies.
     pub rpc_bytes_sent: u64,
+    /// Trajectories the server refused because it could not begin them
+    /// within their insert stream's begin wait (held by the rate limiter).
+    pub held_inserts: u64,
     /// The server process's waits on the table.
     pub waits: WaitStats,
 }
@@ -63,6 +66,7 @@ impl From<&InfoReply> for TableStatus {
             bytes_out: i.bytes_gathered,
             rpc_bytes_received: i.rpc_bytes_received,
             rpc_bytes_sent: i.rpc_bytes_sent,
+            held_inserts: i.held_inserts,
             waits: WaitStats {
                 insert_waits: i.insert_waits,
                 insert_wait: seconds(i.insert_wait_seconds),

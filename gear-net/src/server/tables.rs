@@ -93,6 +93,8 @@ pub(crate) struct ServedTable {
     /// Rows of replies sent from table memory whose slots were reused
     /// while they were sent (the client asked again).
     pub(crate) rows_overwritten: AtomicU64,
+    /// Trajectories refused because their begin wait ran out.
+    pub(crate) held_inserts: AtomicU64,
 }
 
 impl ServedTable {
@@ -106,6 +108,10 @@ impl ServedTable {
 
     pub(crate) fn count_overwritten(&self, rows: u64) {
         self.rows_overwritten.fetch_add(rows, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_held(&self) {
+        self.held_inserts.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -177,6 +183,7 @@ impl ServedTables {
                 rpc_bytes_received: AtomicU64::new(0),
                 rpc_bytes_sent: AtomicU64::new(0),
                 rows_overwritten: AtomicU64::new(0),
+                held_inserts: AtomicU64::new(0),
             })
             .collect::<Vec<_>>();
         let rpc = RpcMetrics::new(served.len());

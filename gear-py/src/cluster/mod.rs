@@ -381,7 +381,9 @@ impl Cluster {
     /// Every shard's counters, in shard order: a dict per shard (`shard`,
     /// `address`, `incarnation`, `size`, `capacity`, `inserts`,
     /// `samples`, `evictions`, `bytes_written`, `bytes_gathered`,
-    /// `total_mass`, `min_mass`), or for a shard that did not answer
+    /// `total_mass`, `min_mass`, `held_inserts`: trajectories it refused
+    /// because its rate limiter held them past their begin wait), or for
+    /// a shard that did not answer
     /// `shard`, `address` and `error`.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let client = self.client.clone();
@@ -405,6 +407,7 @@ impl Cluster {
                     d.set_item("bytes_gathered", i.bytes_gathered)?;
                     d.set_item("total_mass", i.total_mass)?;
                     d.set_item("min_mass", i.min_mass)?;
+                    d.set_item("held_inserts", i.held_inserts)?;
                 }
                 Err(e) => d.set_item("error", e)?,
             }

@@ -15,8 +15,9 @@ impl AsyncClusterClient {
     /// may hold a trajectory back: aimed at one shard, it waits there for
     /// up to 3/4 of `call_timeout`; spread (round robin, most free), it
     /// waits [`HELD_INSERT_SLICE`](crate::client::HELD_INSERT_SLICE) on a
-    /// shard, then goes to the next live one, until `call_timeout` has
-    /// passed. Either way a trajectory held to the end fails with the
+    /// shard, then goes to the next live one (which may hold it twice as
+    /// long, up to [`HELD_INSERT_SLICE_MAX`](crate::client::HELD_INSERT_SLICE_MAX)),
+    /// until `call_timeout` has passed. Either way a trajectory held to the end fails with the
     /// shard's `DeadlineExceeded` ("rate limiter") and is not stored.
     pub async fn insert(
         &self,
