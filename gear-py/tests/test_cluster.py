@@ -618,3 +618,35 @@ def test_an_insert_that_fails_part_way_lists_what_was_committed(local_cluster):
     assert len(keys) == 10
     sizes = [i.get("size") for i in cluster.info()]
     assert sizes[:2] == [1 + 10 + 10, 1 + 10] and "error" in cluster.info()[2]
+
+
+def test_a_round_robin_writer_moves_an_episode_a_full_shard_holds(local_cluster):
+    """Per-shard rate limiters: a shard whose limiter holds writers back
+    sends a round-robin writer's episode back after 100 ms and the writer
+    tries the next shard (before, it waited there 30 s, while a trainer
+    could wait on a shard starved of inserts). With every shard holding,
+    the call fails once its deadline passes, storing nothing."""
+    limiter = "[rate_limiter]\nmin_size_to_sample = 1\nsamples_per_insert = 1\nerror_buffer = 2\n"
+    lc = local_cluster(shards=2, extra=limiter)
+    cluster = gear.Cluster(lc.addrs, TOKEN, call_timeout=20.0)
+
+    def episode(tid):
+        rows = list(steps_of(tid, 4))
+        return {k: np.stack([np.asarray(r[k]) for r in rows])[None] for k in rows[0]}
+
+    # Shard 0 takes 3 inserts and no samples: its limiter holds the next.
+    for tid in range(3):
+        cluster.writer(0).insert_batch(episode(tid), steps=4)
+    writer = cluster.writer("round_robin")
+    keys = writer.insert_batch(episode(3), steps=4)
+    assert keys["shard"].tolist() == [1], "the held episode should have gone to shard 1"
+    info = cluster.info()
+    assert [i["inserts"] for i in info] == [3, 1]
+    assert [i["held_inserts"] for i in info] == [1, 0]
+    # Shard 1 full too: nothing can go in before the call's deadline.
+    for tid in range(4, 6):
+        cluster.writer(1).insert_batch(episode(tid), steps=4)
+    short = gear.Cluster(lc.addrs, TOKEN, call_timeout=1.0)
+    with pytest.raises(gear.TimeoutError, match="rate limiter"):
+        short.writer("round_robin").insert_batch(episode(6), steps=4)
+    assert [i["inserts"] for i in cluster.info()] == [3, 3]
