@@ -183,7 +183,9 @@ impl ClientCore {
                 break first_failure.or_else(|| held_failure.map(|e| held_everywhere(e, pending, timeout)));
             }
             round = next;
-            begin_wait = (begin_wait * 2).min(HELD_INSERT_SLICE_MAX).min(timeout);
+            // The last round's waits end by the call's deadline.
+            let left = deadline.saturating_duration_since(Instant::now());
+            begin_wait = (begin_wait * 2).min(HELD_INSERT_SLICE_MAX).min(left);
         };
         committed.sort_unstable_by_key(|&(i, _)| i);
         match first_failure {
