@@ -15,6 +15,16 @@ use tonic::Status;
 /// `server/sample_route.rs`; the client then asks again, `client/call.rs`).
 pub(crate) const OVERWRITTEN_ROWS: &str = "gear-overwritten-rows";
 
+/// Beside [`OVERWRITTEN_ROWS`]: which rows of the reply were overwritten,
+/// their indices in ascending order separated by commas (left out when the
+/// list would be longer than [`MAX_OVERWRITTEN_LIST_BYTES`]). A client may
+/// then draw that many rows again in their place instead of all of them.
+pub(crate) const OVERWRITTEN_ROW_LIST: &str = "gear-overwritten-row-list";
+
+/// Longest [`OVERWRITTEN_ROW_LIST`] sent: one HTTP/2 header well under the
+/// 16 KiB header list clients accept by default.
+pub(crate) const MAX_OVERWRITTEN_LIST_BYTES: usize = 4 << 10;
+
 /// A message above the limit refused as tonic refuses it (`OutOfRange`,
 /// its wording); `found` says how large it was seen to be.
 pub(crate) fn message_too_large(found: impl std::fmt::Display, limit: usize) -> Status {

@@ -316,6 +316,9 @@ pub struct ShardInfo {
     /// within their insert stream's begin wait (its rate limiter held
     /// them; a spreading writer sent them on to another shard).
     pub held_inserts: u64,
+    /// Rows of replies the shard sent from its table's memory whose slots
+    /// were reused while they were sent (the client asked again).
+    pub rows_overwritten: u64,
 }
 
 impl ShardInfo {
@@ -334,6 +337,7 @@ impl ShardInfo {
             total_mass: r.total_mass,
             min_mass: r.min_mass,
             held_inserts: r.held_inserts,
+            rows_overwritten: r.rows_overwritten,
         }
     }
 }

@@ -181,6 +181,7 @@ impl ShardService {
             rpc_bytes_sent: served.rpc_bytes_sent.load(Ordering::Relaxed),
             sampler: served.strategy.kind.name().to_owned(),
             held_inserts: served.held_inserts.load(Ordering::Relaxed),
+            rows_overwritten: served.rows_overwritten.load(Ordering::Relaxed),
         })
     }
 

@@ -2,7 +2,7 @@
 //! the cluster client's shard-gather draw) never reach a batch torn: when
 //! writers reuse a row's slot while its bytes are still on the way, the
 //! shard finds it after the send and the client asks that shard again for
-//! gathered rows.
+//! gathered rows in place of the overwritten ones.
 
 #[allow(dead_code)]
 mod common;
@@ -122,6 +122,43 @@ fn rows_overwritten_on_the_wire_are_asked_for_again() {
         // made after the shard found its first reply overwritten.
         assert!(ids.iter().all(|id| (11..=18).contains(id)), "{ids:?}");
         assert_eq!(overwritten(&server), 128);
+    });
+}
+
+#[test]
+fn only_the_rows_overwritten_on_the_wire_are_drawn_again() {
+    common::within("sample_from_table", 90, || {
+        let table = table(8);
+        for v in 1..=8 {
+            insert(&table, v);
+        }
+        let server = serve(&table);
+        let proxy = Proxy::start(server.local_addr());
+        let cluster = client(proxy.addr());
+        row_ids(&cluster.sample(&request(2)).unwrap());
+        proxy.pass_from_shard(1 << 20);
+        let sampling = std::thread::spawn(move || cluster.sample(&request(128)));
+        let held_by = Instant::now() + Duration::from_secs(30);
+        while proxy.budget_left() > 0 {
+            assert!(Instant::now() < held_by, "the reply never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Two writers reuse the two oldest slots (ids 1 and 2, FIFO) while
+        // the reply waits; the rows of ids 3 to 8 stay as they were sent.
+        let drawn_before = table.info().unwrap().samples;
+        insert(&table, 11);
+        insert(&table, 12);
+        proxy.pass_from_shard(u64::MAX);
+        let batch = sampling.join().unwrap().unwrap();
+        assert!(batch.lost.is_empty(), "{:?}", batch.lost);
+        let ids = row_ids(&batch);
+        assert!(ids.iter().all(|id| (3..=8).contains(id) || *id == 11 || *id == 12), "{ids:?}");
+        let redrawn = overwritten(&server);
+        assert!((1..128).contains(&redrawn), "{redrawn} of 128 rows overwritten");
+        // One draw of 128 rows, then one of as many rows as were overwritten
+        // (a whole second ask would have drawn 128 more).
+        assert_eq!(table.info().unwrap().samples - drawn_before, redrawn, "rows drawn again");
+        assert!(batch.keys.iter().all(|k| k.shard == 0) && batch.probabilities.iter().all(|&p| p > 0.0));
     });
 }
 

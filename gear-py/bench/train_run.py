@@ -441,8 +441,12 @@ class GearCluster:
         return self.cluster
 
     def counters(self) -> Dict[str, int]:
-        """Episodes the shards refused as held by their rate limiters."""
-        return {"held_inserts": sum(i.get("held_inserts", 0) for i in self.updates.info())}
+        """Episodes the shards refused as held by their rate limiters, and
+        rows of replies sent from table memory that were overwritten while
+        sent (each such reply asked for again, gathered)."""
+        info = self.updates.info()
+        return {"held_inserts": sum(i.get("held_inserts", 0) for i in info),
+                "rows_overwritten": sum(i.get("rows_overwritten", 0) for i in info)}
 
     def source(self, batch: int) -> "GearSource":
         # Each row's window starts at a random step, drawn by its shard.

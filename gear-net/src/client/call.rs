@@ -15,7 +15,7 @@
 //! shard's headers are network input.
 
 use super::wire::ReplyDecoder;
-use crate::body::{grpc_message, ReadyFrames, OVERWRITTEN_ROWS};
+use crate::body::{grpc_message, ReadyFrames, OVERWRITTEN_ROWS, OVERWRITTEN_ROW_LIST};
 use crate::channel::ShardChannel;
 use crate::proto::{InsertChunk, InsertReply, SampleRequest};
 use base64::Engine;
@@ -51,9 +51,11 @@ pub(crate) enum CallError {
     /// The reply broke the protocol: what was wrong.
     Malformed(String),
     /// The shard sent rows straight from its table's memory and found
-    /// this many of them overwritten while they were sent
-    /// (`send_from_table`): ask again without it.
-    Overwritten(u64),
+    /// `count` of them overwritten while they were sent
+    /// (`send_from_table`): ask again without it. `rows`: which rows of
+    /// the reply, in ascending order, when the shard listed them (else
+    /// empty); the others arrived whole.
+    Overwritten { count: u64, rows: Vec<usize> },
 }
 
 impl From<Status> for CallError {
@@ -94,18 +96,31 @@ async fn read_reply(mut body: BoxBody, mut on_data: impl FnMut(&Bytes) -> Result
             Err(frame) => frame,
         };
         let Ok(trailers) = frame.into_trailers() else { continue };
-        if let Some(rows) = trailers.get(OVERWRITTEN_ROWS) {
-            let rows = rows.to_str().ok().and_then(|r| r.parse().ok());
-            return Err(rows.map_or_else(
-                || CallError::Malformed(format!("a `{OVERWRITTEN_ROWS}` trailer that is not a count")),
-                CallError::Overwritten,
-            ));
+        if let Some(count) = trailers.get(OVERWRITTEN_ROWS) {
+            let Some(count) = count.to_str().ok().and_then(|c| c.parse().ok()) else {
+                return Err(CallError::Malformed(format!("a `{OVERWRITTEN_ROWS}` trailer that is not a count")));
+            };
+            let rows = trailers.get(OVERWRITTEN_ROW_LIST).map_or_else(Vec::new, |l| row_list(l.as_bytes(), count));
+            return Err(CallError::Overwritten { count, rows });
         }
         return match status_from_headers(&trailers) {
             Some(s) if s.code() == Code::Ok => Ok(()),
             Some(s) => Err(s.into()),
             None => Err(CallError::Malformed("trailers without a grpc-status".into())),
         };
+    }
+}
+
+/// The rows an [`OVERWRITTEN_ROW_LIST`] trailer names, if it lists `count`
+/// distinct rows in ascending order; else none (the list is network input:
+/// a client that cannot use it asks for every row again).
+fn row_list(list: &[u8], count: u64) -> Vec<usize> {
+    let rows: Option<Vec<usize>> = std::str::from_utf8(list)
+        .ok()
+        .and_then(|l| l.split(',').map(|r| r.parse().ok()).collect::<Option<Vec<usize>>>());
+    match rows {
+        Some(rows) if rows.len() as u64 == count && rows.windows(2).all(|w| w[0] < w[1]) => rows,
+        _ => Vec::new(),
     }
 }
 
@@ -368,6 +383,21 @@ mod tests {
         assert_eq!(decoded(&pieces), tiny);
         // Nothing at all: an empty stream.
         assert!(insert_pieces(Vec::new(), 1 << 20).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_overwritten_row_list_is_used_only_when_it_lists_its_count_in_order() {
+        assert_eq!(row_list(b"0,3,17", 3), vec![0, 3, 17]);
+        assert_eq!(row_list(b"5", 1), vec![5]);
+        // Anything else: ask for every row again.
+        assert!(row_list(b"0,3,17", 2).is_empty());
+        assert!(row_list(b"3,0", 2).is_empty());
+        assert!(row_list(b"3,3", 2).is_empty());
+        assert!(row_list(b"1,x", 2).is_empty());
+        assert!(row_list(b"", 1).is_empty());
+        assert!(row_list(b"1,-2", 2).is_empty());
+        assert!(row_list(&[0xff, b','], 2).is_empty());
+        assert!(row_list(b"99999999999999999999999", 1).is_empty());
     }
 
     #[test]

@@ -115,8 +115,8 @@ async fn insert_into_shard(call: ShardCall, list: Vec<(usize, RemoteTrajectory)>
                 (committed_keys(&e), Some(status(shard, e)))
             }
             Err(CallError::Malformed(what)) => (Vec::new(), Some(Error::Malformed { shard, what })),
-            Err(CallError::Overwritten(rows)) => {
-                let what = format!("an insert reply says {rows} sampled rows were overwritten");
+            Err(CallError::Overwritten { count, .. }) => {
+                let what = format!("an insert reply says {count} sampled rows were overwritten");
                 (Vec::new(), Some(Error::Malformed { shard, what }))
             }
         };

@@ -41,6 +41,9 @@ pub struct TableStatus {
     /// Trajectories the server refused because it could not begin them
     /// within their insert stream's begin wait (held by the rate limiter).
     pub held_inserts: u64,
+    /// Rows of replies sent from table memory whose slots were reused
+    /// while they were sent (the client asked again).
+    pub rows_overwritten: u64,
     /// The server process's waits on the table.
     pub waits: WaitStats,
 }
@@ -67,6 +70,7 @@ impl From<&InfoReply> for TableStatus {
             rpc_bytes_received: i.rpc_bytes_received,
             rpc_bytes_sent: i.rpc_bytes_sent,
             held_inserts: i.held_inserts,
+            rows_overwritten: i.rows_overwritten,
             waits: WaitStats {
                 insert_waits: i.insert_waits,
                 insert_wait: seconds(i.insert_wait_seconds),

@@ -131,6 +131,55 @@ impl<'a> ReplyDecoder<'a> {
         }
     }
 
+    /// Bytes of one row of each column.
+    pub(crate) fn row_bytes(&self) -> &[usize] {
+        self.rows.row_bytes()
+    }
+
+    /// After a reply that arrived whole with the rows `rows` overwritten
+    /// (ascending): puts in their place the rows of `other`, a reply of
+    /// `rows.len()` rows of the same shard whose columns are in `columns`
+    /// (one buffer per column, row after row), bytes and per-row fields.
+    /// `Ok(false)`: `other` comes from another run of the shard and
+    /// cannot stand in (nothing was changed).
+    pub(crate) fn replace_rows(
+        &mut self,
+        rows: &[usize],
+        columns: &[Vec<u8>],
+        other: &ReplyMeta,
+    ) -> Result<bool, String> {
+        let (k, n) = (rows.len(), self.rows.rows());
+        let m = &mut *self.meta;
+        if other.shard != m.shard {
+            return Err(format!("the rows drawn again came from shard {}, not {}", other.shard, m.shard));
+        }
+        if other.incarnation != m.incarnation {
+            return Ok(false);
+        }
+        let ours = [m.keys.len(), m.lengths.len(), m.starts.len(), m.probabilities.len(), m.weights.len()];
+        let theirs =
+            [other.keys.len(), other.lengths.len(), other.starts.len(), other.probabilities.len(), other.weights.len()];
+        if ours.iter().any(|&c| c != n) || theirs.iter().any(|&c| c != k) {
+            return Err(format!("per-row fields of {ours:?} and {theirs:?} entries for {n} rows and {k} drawn again"));
+        }
+        if rows.iter().any(|&r| r >= n) || columns.len() != self.rows.columns() {
+            return Err(format!("rows {rows:?} to replace in a block of {n} rows"));
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            for (c, column) in columns.iter().enumerate() {
+                let rb = self.rows.row_bytes()[c];
+                let row = column.get(i * rb..(i + 1) * rb).ok_or_else(|| format!("column {c} misses row {i}"))?;
+                self.rows.write(c, r * rb, row)?;
+            }
+            m.keys[r] = other.keys[i];
+            m.lengths[r] = other.lengths[i];
+            m.starts[r] = other.starts[i];
+            m.probabilities[r] = other.probabilities[i];
+            m.weights[r] = other.weights[i];
+        }
+        Ok(true)
+    }
+
     /// Starts over for another reply to the same rows (the first was
     /// refused part way): what it decoded is dropped and its rows are
     /// written again.

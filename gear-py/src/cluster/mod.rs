@@ -382,7 +382,9 @@ impl Cluster {
     /// `address`, `incarnation`, `size`, `capacity`, `inserts`,
     /// `samples`, `evictions`, `bytes_written`, `bytes_gathered`,
     /// `total_mass`, `min_mass`, `held_inserts`: trajectories it refused
-    /// because its rate limiter held them past their begin wait), or for
+    /// because its rate limiter held them past their begin wait,
+    /// `rows_overwritten`: rows of replies sent from its table's memory
+    /// whose slots were reused meanwhile, so asked again), or for
     /// a shard that did not answer
     /// `shard`, `address` and `error`.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -408,6 +410,7 @@ impl Cluster {
                     d.set_item("total_mass", i.total_mass)?;
                     d.set_item("min_mass", i.min_mass)?;
                     d.set_item("held_inserts", i.held_inserts)?;
+                    d.set_item("rows_overwritten", i.rows_overwritten)?;
                 }
                 Err(e) => d.set_item("error", e)?,
             }

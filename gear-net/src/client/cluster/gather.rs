@@ -1,8 +1,9 @@
 //! The shard-gather draw: each shard gathers its rows' windows and sends
 //! them in its reply, decoded straight into the caller's buffers.
 
-use super::sample::{global_probability, refuses_the_request, sample_request};
+use super::sample::{as_uninit, global_probability, refuses_the_request, sample_request};
 use super::{deadline_status, share_of, status, ClientCore};
+use crate::channel::ShardChannel;
 use crate::client::assemble::{Assembly, Block, ColumnBase};
 use crate::client::call::{self, CallError};
 use crate::client::masses::ShardMasses;
@@ -10,9 +11,11 @@ use crate::client::weights::WeightNorm;
 use crate::client::wire::{ReplyDecoder, ReplyMeta};
 use crate::client::{BatchRows, ClusterSample, LostShard};
 use crate::error::{Error, Result};
+use crate::proto::SampleRequest;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::mem::MaybeUninit;
 use tokio::time::Instant;
+use tonic::codegen::http::HeaderValue;
 
 /// What one block of a cross-shard draw asked, for the rows it brings.
 #[derive(Clone, Copy, Debug, Default)]
@@ -143,7 +146,8 @@ impl ClientCore {
                 let table = &self.config.table;
                 let mut req = sample_request(table, request, ask.rows, round_deadline, self.incarnation_of(ask.shard));
                 req.send_from_table = true;
-                let mut decoder = ReplyDecoder::new(rows_mut, meta, self.config.max_message_bytes);
+                let max_message_bytes = self.config.max_message_bytes;
+                let mut decoder = ReplyDecoder::new(rows_mut, meta, max_message_bytes);
                 let channel = &self.shards[ask.shard].channel;
                 let token = &self.token;
                 calls.push(async move {
@@ -152,13 +156,26 @@ impl ClientCore {
                     // are asked for again, gathered (and so checked) by
                     // the shard before it sends them.
                     let call = async {
-                        match call::sample(channel, token, &req, &mut decoder).await {
-                            Err(CallError::Overwritten(_)) => {
+                        let outcome = match call::sample(channel, token, &req, &mut decoder).await {
+                            // Only some rows were overwritten: those are
+                            // drawn again, the rest stand.
+                            Err(CallError::Overwritten { rows, .. })
+                                if !rows.is_empty() && rows.len() < ask.rows as usize =>
+                            {
+                                redraw_rows(channel, token, &req, &mut decoder, &rows, max_message_bytes).await
+                            }
+                            Err(CallError::Overwritten { .. }) => Ok(false),
+                            Ok(()) => Ok(true),
+                            Err(e) => Err(e),
+                        };
+                        match outcome {
+                            Ok(false) => {
                                 req.send_from_table = false;
                                 decoder.restart();
                                 call::sample(channel, token, &req, &mut decoder).await
                             }
-                            outcome => outcome,
+                            Ok(true) => Ok(()),
+                            Err(e) => Err(e),
                         }
                     };
                     let outcome = match tokio::time::timeout_at(round_deadline, call).await {
@@ -180,8 +197,8 @@ impl ClientCore {
                     Err(CallError::Malformed(what)) => return Err(Error::Malformed { shard: s, what }),
                     // Only a reply sent from table memory may say so, and
                     // the second ask did not allow that.
-                    Err(CallError::Overwritten(rows)) => {
-                        let what = format!("{rows} rows overwritten in a reply the shard was asked to gather");
+                    Err(CallError::Overwritten { count, .. }) => {
+                        let what = format!("{count} rows overwritten in a reply the shard was asked to gather");
                         return Err(Error::Malformed { shard: s, what });
                     }
                     Err(CallError::Status(e)) if refuses_the_request(&e) => return Err(status(s, e)),
@@ -257,4 +274,40 @@ impl ClientCore {
         }
         Ok(())
     }
+}
+
+/// After a reply sent from table memory whose rows `rows` (ascending, not
+/// all of them) were overwritten while it was sent: draws as many rows
+/// again from the shard, gathered (so checked before they are sent), and
+/// puts them in their place in `decoder`'s block, as the gathered draw
+/// puts a fresh draw in place of a torn row. `Ok(false)`: the reply cannot
+/// stand in (the shard restarted meanwhile); ask for the whole block.
+async fn redraw_rows(
+    channel: &ShardChannel,
+    token: &HeaderValue,
+    req: &SampleRequest,
+    decoder: &mut ReplyDecoder<'_>,
+    rows: &[usize],
+    max_message_bytes: usize,
+) -> std::result::Result<bool, CallError> {
+    decoder.finish().map_err(CallError::Malformed)?;
+    let row_bytes = decoder.row_bytes().to_vec();
+    let k = rows.len();
+    let mut columns: Vec<Vec<u8>> = row_bytes.iter().map(|&rb| vec![0u8; rb * k]).collect();
+    let mut meta = ReplyMeta::default();
+    {
+        let mut views: Vec<&mut [u8]> = columns.iter_mut().map(|c| &mut c[..]).collect();
+        let mut uninit = as_uninit(&mut views);
+        let (mut bases, mut blocks) = (Vec::new(), Vec::new());
+        let mut assembly =
+            Assembly::new(&mut uninit, &row_bytes, k, &mut bases, &mut blocks).map_err(CallError::Malformed)?;
+        assembly.add_block(0, k).map_err(CallError::Malformed)?;
+        let Some((_, view)) = assembly.targets().next() else {
+            return Err(CallError::Malformed("no block to draw the rows again into".into()));
+        };
+        let mut again = ReplyDecoder::new(view, &mut meta, max_message_bytes);
+        let req = SampleRequest { rows: k as u64, send_from_table: false, ..req.clone() };
+        call::sample(channel, token, &req, &mut again).await?;
+    }
+    decoder.replace_rows(rows, &columns, &meta).map_err(CallError::Malformed)
 }

@@ -175,6 +175,8 @@ fn rows_overwritten_before_their_pieces_were_sent_end_the_reply_aborted() {
     let trailers = trailers(&mut body);
     assert_eq!(trailers.get("grpc-status").unwrap(), &(tonic::Code::Aborted as i32).to_string());
     assert_eq!(trailers.get(OVERWRITTEN_ROWS).unwrap(), "16");
+    let every: Vec<String> = (0..16).map(|r| r.to_string()).collect();
+    assert_eq!(trailers.get(OVERWRITTEN_ROW_LIST).unwrap(), every.join(",").as_str());
     let message = trailers.get("grpc-message").unwrap().to_str().unwrap();
     assert!(message.contains("overwritten"), "{message}");
     let served = &tables.served()[0];
