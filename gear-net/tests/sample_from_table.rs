@@ -86,30 +86,37 @@ fn overwritten(server: &ServerHandle) -> u64 {
     line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
 }
 
+/// A shard over a table of eight trajectories (ids 1 to 8) behind a proxy,
+/// and a draw of 128 rows whose reply the proxy holds after its first MiB:
+/// 128 rows of 256 KiB, 32 MiB, far more than the client's stream window
+/// and the sockets hold, so most of the reply is still in the table.
+/// Returns once it is held; `proxy.pass_from_shard(u64::MAX)` lets it go.
+fn a_held_reply() -> (ReplayTable, ServerHandle, Proxy, std::thread::JoinHandle<gear_net::Result<ClusterBatch>>) {
+    let table = table(8);
+    for v in 1..=8 {
+        insert(&table, v);
+    }
+    let server = serve(&table);
+    let proxy = Proxy::start(server.local_addr());
+    let cluster = client(proxy.addr());
+    // The connection and the shard's masses, before the proxy holds.
+    let ids = row_ids(&cluster.sample(&request(2)).unwrap());
+    assert!(ids.iter().all(|id| (1..=8).contains(id)), "{ids:?}");
+    assert_eq!(overwritten(&server), 0);
+    proxy.pass_from_shard(1 << 20);
+    let sampling = std::thread::spawn(move || cluster.sample(&request(128)));
+    let held_by = Instant::now() + Duration::from_secs(30);
+    while proxy.budget_left() > 0 {
+        assert!(Instant::now() < held_by, "the reply never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (table, server, proxy, sampling)
+}
+
 #[test]
 fn rows_overwritten_on_the_wire_are_asked_for_again() {
     common::within("sample_from_table", 90, || {
-        let table = table(8);
-        for v in 1..=8 {
-            insert(&table, v);
-        }
-        let server = serve(&table);
-        let proxy = Proxy::start(server.local_addr());
-        let cluster = client(proxy.addr());
-        // The connection and the shard's masses, before the proxy holds.
-        let ids = row_ids(&cluster.sample(&request(2)).unwrap());
-        assert!(ids.iter().all(|id| (1..=8).contains(id)), "{ids:?}");
-        assert_eq!(overwritten(&server), 0);
-        // 128 rows of 256 KiB: 32 MiB, far more than the client's stream
-        // window and the sockets hold, so most of the reply is still in the
-        // table when the proxy stops forwarding after its first MiB.
-        proxy.pass_from_shard(1 << 20);
-        let sampling = std::thread::spawn(move || cluster.sample(&request(128)));
-        let held_by = Instant::now() + Duration::from_secs(30);
-        while proxy.budget_left() > 0 {
-            assert!(Instant::now() < held_by, "the reply never started");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let (table, server, proxy, sampling) = a_held_reply();
         // Writers reuse every slot (FIFO eviction) while the reply waits.
         for v in 11..=18 {
             insert(&table, v);
@@ -128,21 +135,7 @@ fn rows_overwritten_on_the_wire_are_asked_for_again() {
 #[test]
 fn only_the_rows_overwritten_on_the_wire_are_drawn_again() {
     common::within("sample_from_table", 90, || {
-        let table = table(8);
-        for v in 1..=8 {
-            insert(&table, v);
-        }
-        let server = serve(&table);
-        let proxy = Proxy::start(server.local_addr());
-        let cluster = client(proxy.addr());
-        row_ids(&cluster.sample(&request(2)).unwrap());
-        proxy.pass_from_shard(1 << 20);
-        let sampling = std::thread::spawn(move || cluster.sample(&request(128)));
-        let held_by = Instant::now() + Duration::from_secs(30);
-        while proxy.budget_left() > 0 {
-            assert!(Instant::now() < held_by, "the reply never started");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let (table, server, proxy, sampling) = a_held_reply();
         // Two writers reuse the two oldest slots (ids 1 and 2, FIFO) while
         // the reply waits; the rows of ids 3 to 8 stay as they were sent.
         let drawn_before = table.info().unwrap().samples;
