@@ -41,6 +41,12 @@ REPO = HERE.parents[1]
 
 SYSTEMS = ["gear-local", "gear-cluster", "reverb", "torchrl", "cpprb"]
 OPTIONAL = ["reverb-client", "gear-items"]
+# What the runs (train_run.py) can do: an episode's steps (EPISODE there),
+# the model sizes (train_model.SIZES, and "0": no model), the episodes
+# every system holds before sampling starts (--min-episodes there).
+EPISODE_STEPS = 1000
+MODELS = ("0", "S", "M")
+MIN_EPISODES = 4
 """Run only when named: Reverb read with ``Client.sample`` (its docstring
 says not to train with it; the default "reverb" reads a TrajectoryDataset);
 GEAR with R2D2-style per-window priorities (items: a window of L steps every
@@ -288,6 +294,40 @@ def load_average() -> str:
         return "unknown"
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses, naming it, an argument no run could use (before anything
+    is installed or started)."""
+
+    def positive_int(text: str, what: str, most: Optional[int] = None) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            ap.error(f"{what}: {text!r} is not a whole number")
+        if value < 1 or (most is not None and value > most):
+            ap.error(f"{what}: {value} must be between 1 and {most}" if most else f"{what}: {value} must be at least 1")
+        return value
+
+    if args.windows is not None:
+        for w in args.windows.split(","):
+            positive_int(w, "--windows (L, steps per window, at most an episode's)", EPISODE_STEPS)
+    if args.configs is not None:
+        for c in args.configs.split(","):
+            model, sep, batch = c.partition(":")
+            if not sep or model not in MODELS:
+                ap.error(f"--configs: {c!r} is not MODEL:BATCH with MODEL one of {', '.join(MODELS)}")
+            positive_int(batch, f"--configs {c!r}: the batch")
+    if args.actors < 1:
+        ap.error(f"--actors: {args.actors} must be at least 1")
+    if not (args.seconds > 0 and math.isfinite(args.seconds)):
+        ap.error(f"--seconds: {args.seconds} must be a positive number of seconds")
+    if not (args.warmup >= 0 and math.isfinite(args.warmup)):
+        ap.error(f"--warmup: {args.warmup} must be zero or more seconds")
+    if args.obs != "frames":
+        positive_int(args.obs, "--obs (bytes of an observation, or 'frames')", 1 << 20)
+    if args.capacity < MIN_EPISODES:
+        ap.error(f"--capacity: {args.capacity} episodes cannot hold the {MIN_EPISODES} that sampling waits for")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="every model x L x batch (takes hours here)")
@@ -313,6 +353,7 @@ def main() -> int:
         ap.error(f"unknown system(s) {unknown}; known: {SYSTEMS + OPTIONAL}")
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    check_args(ap, args)
     grid = FULL_GRID if args.full else DEFAULT_GRID
     if args.windows:
         windows = [int(w) for w in args.windows.split(",")]

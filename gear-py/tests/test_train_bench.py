@@ -271,3 +271,19 @@ def test_async_priority_updates_arrive_in_order_and_report_errors():
         u.check()
     with pytest.raises(RuntimeError, match="stale handle 7"):
         u.submit(8, [1.0])
+
+
+@pytest.mark.parametrize("argument, named", [
+    (["--windows", "0"], "--windows"), (["--windows", "1001"], "--windows"), (["--windows", "abc"], "--windows"),
+    (["--configs", "X:32"], "--configs"), (["--configs", "0:0"], "--configs"), (["--configs", "S"], "--configs"),
+    (["--actors", "0"], "--actors"), (["--seconds", "-1"], "--seconds"), (["--seconds", "nan"], "--seconds"),
+    (["--warmup", "-1"], "--warmup"), (["--obs", "-5"], "--obs"), (["--capacity", "0"], "--capacity"),
+    (["--runs", "0"], "--runs"),
+])
+def test_absurd_arguments_are_refused_by_name_before_anything_is_installed(tmp_path, argument, named):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(BENCH / "train.py"), "--out", str(out), *argument],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert named in r.stderr.splitlines()[-1], r.stderr
+    assert not out.exists(), "something was made before the arguments were checked"
