@@ -12,7 +12,7 @@
 //!
 //! A stream that ended because the shard could not begin its next
 //! trajectory within the stream's begin wait (the rate limiter held it
-//! back) says so in the same details ([`held`]): nothing after the
+//! back) says so in the same details (`held`): nothing after the
 //! committed keys was stored, and a client that spreads its writes may
 //! send the rest to another shard.
 
