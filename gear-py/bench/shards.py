@@ -15,8 +15,11 @@ def start_shard(binary: str, config: str, token: str) -> Tuple[subprocess.Popen,
     process and the gRPC address it printed (None if it exited before
     printing one). Its later output is drained so that it never blocks on
     a full pipe."""
+    # GEAR_EXIT_WITH_PARENT: the shard stops (removing its table) if this
+    # process dies, even by SIGKILL, instead of serving on orphaned.
     p = subprocess.Popen([binary, "serve", "--config", config], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, GEAR_TOKEN=token))
+                         stderr=subprocess.DEVNULL, text=True,
+                         env=dict(os.environ, GEAR_TOKEN=token, GEAR_EXIT_WITH_PARENT="1"))
     addr = None
     assert p.stdout is not None
     for line in p.stdout:

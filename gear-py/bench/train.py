@@ -29,10 +29,13 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -430,5 +433,46 @@ def main() -> int:
     return 0
 
 
+def remove_stale_tables() -> None:
+    """Removes what killed runs left behind: the GEAR tables and shard
+    directories the runs name `gear-train-bench-<pid>-...`, in /dev/shm and
+    the temporary directory, whose process is gone (a run killed by
+    SIGKILL, or by this script's timeout, cannot remove its own)."""
+    for base in sorted({"/dev/shm", tempfile.gettempdir()}):
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            m = re.match(r"gear-train-bench-(\d+)-", name)
+            if not m or process_alive(int(m.group(1))):
+                continue
+            path = os.path.join(base, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # SIGTERM ends a run as an error would: the running configuration's
+    # process is stopped and what it left is removed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    remove_stale_tables()
+    try:
+        sys.exit(main())
+    finally:
+        remove_stale_tables()

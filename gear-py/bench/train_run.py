@@ -58,6 +58,7 @@ import os
 import pathlib
 import queue
 import secrets
+import signal
 import statistics
 import shutil
 import subprocess
@@ -399,7 +400,8 @@ class GearCluster:
 
         self.spec = spec
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="gear-train-bench-", dir=base))
+        # The pid in the name: train.py removes what a killed run left.
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"gear-train-bench-{os.getpid()}-", dir=base))
         self.token = secrets.token_hex(16)
         self.procs: List[subprocess.Popen] = []
         addrs = []
@@ -1126,6 +1128,10 @@ def main() -> int:
         ap.error(f"--window must be within 1..{EPISODE}")
     spec = Spec(args)
     sys.path.insert(0, str(HERE))
+    # SIGTERM (train.py's timeout, a user's kill) ends the run as an error
+    # would: the system closes (a GEAR table leaves /dev/shm, shards stop)
+    # and the actors are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     system = SYSTEMS[args.system](spec)
     ctx = mp.get_context(system.ctx)
