@@ -290,11 +290,11 @@ fn run_as_background_thread() {
     #[cfg(target_os = "linux")]
     {
         let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid `sched_param` for the call's
-        // duration; pid 0 is the calling thread, whose policy alone
-        // changes (priority 0 is the only one SCHED_BATCH takes). A
-        // refusal (-1) is ignored: best effort.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+        // Pid 0 is the calling thread, whose policy alone changes
+        // (priority 0 is the only one SCHED_BATCH takes); a refusal (-1)
+        // is ignored: best effort.
+        // SAFETY: `param` is a valid `sched_param` that outlives the call.
+        let _refused = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
     }
 }
 
