@@ -45,10 +45,12 @@ use std::mem::MaybeUninit;
 use std::time::Duration;
 
 mod assemble;
-mod call;
+pub(crate) mod call;
 mod cluster;
+mod concurrent;
 mod insert;
 mod masses;
+mod session;
 mod spread;
 mod stream;
 mod tables;

@@ -35,6 +35,7 @@ mod insert_route;
 mod reply;
 mod routes;
 mod sample_route;
+mod sample_stream;
 mod tables;
 pub use data_plane::DataPlaneServer;
 use insert_route::ChunkSource;
@@ -120,6 +121,10 @@ pub struct ShardService {
     limits: Limits,
     /// The transport servers `Connect` and ranged samples use, if any.
     data_plane: Option<Arc<DataPlaneServer>>,
+    /// Set when the server stops: `SampleStream` sessions, which a client
+    /// keeps open between batches, then end after the exchange they are
+    /// in (a graceful shutdown waits for every open stream).
+    stopping: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl ShardService {
@@ -131,7 +136,13 @@ impl ShardService {
     /// Serves every table of `tables` as shard `shard`.
     pub fn serving(tables: ServedTables, shard: u32, max_message_bytes: u64) -> Self {
         tables.set_shard(shard);
-        ShardService { tables, shard, limits: Limits::new(max_message_bytes), data_plane: None }
+        ShardService {
+            tables,
+            shard,
+            limits: Limits::new(max_message_bytes),
+            data_plane: None,
+            stopping: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
     }
 
     /// This server process's incarnation (each table has its own:
@@ -429,6 +440,7 @@ fn ranged_reply_fields(
         total_mass,
         min_mass,
         row_ranges: Vec::new(),
+        outcome: None,
     }
 }
 
@@ -492,6 +504,22 @@ impl Shard for ShardService {
         // The timer goes with the reply; an early error drops it (counted
         // as a failed call).
         self.sample_of(request, RpcTimer::start(&self.tables, Method::Sample)).await
+    }
+
+    type SampleStreamStream = futures_util::stream::Empty<std::result::Result<SampleReplyOut, Status>>;
+
+    /// `UNIMPLEMENTED`: a shard server serves `SampleStream` in its hand
+    /// routes (`server/sample_stream.rs`), in front of this service. A
+    /// `Shard` service served without them (a wrapper of this one, say)
+    /// refuses it so, and the cluster client then asks it with `Sample`
+    /// calls instead.
+    async fn sample_stream(
+        &self,
+        _: Request<Streaming<SampleRequest>>,
+    ) -> std::result::Result<Response<Self::SampleStreamStream>, Status> {
+        Err(Status::unimplemented(
+            "SampleStream is served by the shard server's own routes, not by the Shard service alone",
+        ))
     }
 
     async fn connect_data_plane(
@@ -603,6 +631,7 @@ impl ServerHandle {
         });
         let data_service = data_plane.tcp_service();
         let service = service.with_data_plane(data_plane);
+        let sessions_stop = service.stopping.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new().name("gear-grpc".into()).spawn(move || {
             runtime.block_on(async move {
@@ -640,6 +669,7 @@ impl ServerHandle {
                     .add_service(InterceptedService::new(data_service, TokenCheck::new(&token)))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
+                        sessions_stop.send_replace(true);
                     })
                     .await?;
                 Ok(())

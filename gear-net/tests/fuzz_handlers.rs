@@ -148,6 +148,22 @@ fn insert_stream(messages: Vec<Vec<u8>>) {
     });
 }
 
+/// Streams `messages` to `SampleStream` and reads every answer; any
+/// answer or status is fine.
+fn sample_stream(messages: Vec<Vec<u8>>) {
+    let f = fixture();
+    f.runtime.block_on(async {
+        let mut grpc = tonic::client::Grpc::new(f.channel.clone());
+        grpc.ready().await.unwrap();
+        let stream = tokio_stream::iter(messages);
+        let path = PathAndQuery::from_static("/gear.v1.Shard/SampleStream");
+        if let Ok(response) = grpc.streaming(authorized(stream), path, RawCodec).await {
+            let mut answers = response.into_inner();
+            while let Ok(Some(_)) = answers.message().await {}
+        }
+    });
+}
+
 /// The server still answers, nothing panicked, and the trajectory stored
 /// first still holds its bytes.
 fn server_is_intact() {
@@ -230,7 +246,15 @@ proptest! {
             send_from_table,
         }
         .encode_to_vec();
-        unary("/gear.v1.Shard/Sample", body);
+        unary("/gear.v1.Shard/Sample", body.clone());
+        // The same request twice on one stream.
+        sample_stream(vec![body.clone(), body]);
+        server_is_intact();
+    }
+
+    #[test]
+    fn arbitrary_sample_streams_never_panic(messages in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..128), 0..6)) {
+        sample_stream(messages);
         server_is_intact();
     }
 

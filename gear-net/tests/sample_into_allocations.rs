@@ -3,20 +3,25 @@
 //! client makes (the shards run in a child process, so only the client's
 //! allocations are in this one; the client runs on a current-thread
 //! runtime, so they are all on the measuring thread, its connections'
-//! tasks included).
+//! tasks included). `GEAR_ALLOCATION_BACKTRACES=1` prints where each one
+//! is made (with `RUST_MIN_STACK=67108864`: symbolising takes stack).
 //!
-//! The client's own decoding and assembly allocate nothing per batch (the
-//! crate's unit test `decoding_a_batch_into_caller_buffers_allocates_nothing_
-//! in_steady_state`). What remains end to end is the HTTP/2 stack's: h2's
-//! frame reader takes each DATA frame's bytes into a buffer of its own (a
-//! fresh one whenever the frames before it are still queued), so about one
-//! batch's bytes per batch, in frame-sized allocations that glibc serves
-//! from the heap (`gear_net::alloc` keeps them there); and about thirty small
-//! allocations per shard call (the request, its headers and body, the
-//! response's headers and trailers, the call's futures). This test checks
+//! The client itself allocates nothing per batch: its `SampleStream`
+//! sessions send each request from a buffer they keep and decode each
+//! answer into the caller's rows (`client::session`), its codec and
+//! assembly reuse their vectors (`client::wire`'s unit test
+//! `decoding_a_batch_into_caller_buffers_allocates_nothing_in_steady_state`),
+//! and the shards' calls run side by side without a task each
+//! (`client::concurrent`). What remains is h2's frame reader: it reads
+//! each DATA frame into a buffer it sizes to the frame (tokio-util's
+//! length-delimited reader), hands the frame over as a slice of that
+//! buffer, and reads on into a fresh one while the frame is still queued
+//! for the decoder. That is three allocations per shard reply, whatever
+//! its rows (the fresh 8 KiB buffer, its growth to the frame, the handle
+//! the slice shares), about one batch's bytes per batch. This test checks
 //! that none of the batch's own buffers is allocated (against `sample`,
-//! which allocates them, measured in the same run) and that the small
-//! allocations do not grow with the batch.
+//! which allocates them, measured in the same run) and that nothing but
+//! those three per shard reply is.
 
 use gear_api::{ReplayTable, StepValue};
 use gear_core::{ColumnSpec, DType, TableSpec, WindowSpec};
@@ -36,6 +41,9 @@ thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
     static BYTES: Cell<u64> = const { Cell::new(0) };
     static LARGEST: Cell<usize> = const { Cell::new(0) };
+    /// Prints where each counted allocation is made
+    /// (`GEAR_ALLOCATION_BACKTRACES=1`, to find one that crept in).
+    static TRACING: Cell<bool> = const { Cell::new(false) };
 }
 
 fn count(size: usize) {
@@ -45,6 +53,12 @@ fn count(size: usize) {
             ALLOCATIONS.with(|a| a.set(a.get() + 1));
             BYTES.with(|b| b.set(b.get() + size as u64));
             LARGEST.with(|l| l.set(l.get().max(size)));
+            if TRACING.with(Cell::get) {
+                // Not counted: the backtrace's own allocations.
+                on.set(false);
+                eprintln!("allocation of {size} bytes at\n{}", std::backtrace::Backtrace::force_capture());
+                on.set(true);
+            }
         }
     });
 }
@@ -89,6 +103,7 @@ fn start_counting() {
     ALLOCATIONS.with(|a| a.set(0));
     BYTES.with(|b| b.set(0));
     LARGEST.with(|l| l.set(0));
+    TRACING.with(|t| t.set(std::env::var_os("GEAR_ALLOCATION_BACKTRACES").is_some()));
     COUNTING.with(|c| c.set(true));
 }
 
@@ -146,7 +161,7 @@ fn shard_child() {
 }
 
 #[test]
-fn sample_into_allocates_none_of_the_batch_and_a_fixed_number_of_small_buffers() {
+fn sample_into_allocates_only_h2s_frame_buffers() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
@@ -222,8 +237,11 @@ fn sample_into_allocates_none_of_the_batch_and_a_fixed_number_of_small_buffers()
         fresh.bytes_per_batch - into.bytes_per_batch >= batch_bytes,
         "sample_into allocated part of the batch's buffers: {into:?} against sample's {fresh:?}"
     );
-    // The small allocations are the HTTP/2 calls', three shards' worth,
-    // the same for a quarter of the rows.
-    assert!(into.per_batch < 3.0 * 60.0, "{into:?}");
-    assert!((into.per_batch - small.per_batch).abs() <= 0.1 * into.per_batch + 3.0, "{into:?} vs {small:?}");
+    // Three per shard reply (h2's frame reader), whatever the rows; the
+    // slack is for a mass refresh (`Info`, every 100 ms without a reply
+    // from a shard) that may fall into the measured batches.
+    let h2_reader = 3.0 * 3.0;
+    for measured in [&into, &small] {
+        assert!(measured.per_batch <= h2_reader + 0.5, "more than h2's frame reader allocates: {measured:?}");
+    }
 }

@@ -69,6 +69,15 @@ impl Shard for TamperingShard {
     async fn info(&self, r: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
         self.inner.info(r).await
     }
+    type SampleStreamStream = <ShardService as Shard>::SampleStreamStream;
+    // The service alone refuses it (`UNIMPLEMENTED`): the client then asks
+    // this shard with `Sample` calls, which it bends.
+    async fn sample_stream(
+        &self,
+        r: Request<Streaming<SampleRequest>>,
+    ) -> Result<Response<Self::SampleStreamStream>, Status> {
+        self.inner.sample_stream(r).await
+    }
     async fn sample(&self, r: Request<SampleRequest>) -> Result<Response<SampleReplyOut>, Status> {
         let mut reply = self.inner.sample(r).await?.into_inner().into_reply()?;
         match self.tamper {

@@ -114,7 +114,7 @@ async fn read_reply(mut body: BoxBody, mut on_data: impl FnMut(&Bytes) -> Result
 /// The rows an [`OVERWRITTEN_ROW_LIST`] trailer names, if it lists `count`
 /// distinct rows in ascending order; else none (the list is network input:
 /// a client that cannot use it asks for every row again).
-fn row_list(list: &[u8], count: u64) -> Vec<usize> {
+pub(crate) fn row_list(list: &[u8], count: u64) -> Vec<usize> {
     let rows: Option<Vec<usize>> = std::str::from_utf8(list)
         .ok()
         .and_then(|l| l.split(',').map(|r| r.parse().ok()).collect::<Option<Vec<usize>>>());
@@ -127,7 +127,7 @@ fn row_list(list: &[u8], count: u64) -> Vec<usize> {
 /// Sends `body` to `path` over `channel` as a gRPC request with the
 /// `authorization` header `token`; returns the response body once its
 /// headers say the call goes on (a refusal in the headers is the error).
-async fn send(
+pub(crate) async fn send(
     channel: &ShardChannel,
     token: &HeaderValue,
     path: &'static str,

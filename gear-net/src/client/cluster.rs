@@ -8,8 +8,10 @@
 //! dropped) and the byte-range data plane's blocking reads (one blocking
 //! task that owns the data plane's lock until its reads have landed).
 //! Dropping a future part way is therefore safe: its shard calls are
-//! cancelled with it, no lock is held across a wait that could outlive it,
-//! and the next call starts clean.
+//! cancelled with it (a sample's `SampleStream` sessions in the middle of
+//! an exchange are dropped, their streams reset, never kept for the next
+//! batch), no lock is held across a wait that could outlive it, and the
+//! next call starts clean.
 //!
 //! Deadlines. Each method's whole work runs under one deadline,
 //! `ClusterConfig::call_timeout` from its start (an insert: each stream
@@ -31,6 +33,8 @@ use super::spread::FreeSpace;
 use super::{ClusterConfig, ShardInfo, ShardSpec};
 use crate::auth::TokenAttach;
 use crate::channel::{ChannelSettings, ShardChannel};
+use crate::client::call::CallError;
+use crate::client::session::SampleSession;
 use crate::error::{Error, Result};
 use crate::proto::shard_client::ShardClient as GrpcShardClient;
 use crate::proto::{InfoRequest, SpecRequest};
@@ -47,10 +51,41 @@ use tonic::service::interceptor::InterceptedService;
 pub(crate) type Grpc = GrpcShardClient<InterceptedService<ShardChannel, TokenAttach>>;
 
 /// One shard's connection: the generated client for most calls, the
-/// channel itself for `Sample` (decoded frame by frame: `call`).
+/// channel itself for `Sample` (decoded frame by frame: `call`), and the
+/// `SampleStream` sessions kept between batches (`session`).
 pub(crate) struct ShardConn {
     pub(crate) grpc: Grpc,
     pub(crate) channel: ShardChannel,
+    pub(crate) sessions: parking_lot::Mutex<Vec<SampleSession>>,
+    /// The shard refused `SampleStream` (`UNIMPLEMENTED`): its blocks are
+    /// asked with `Sample` calls.
+    pub(crate) calls_only: std::sync::atomic::AtomicBool,
+}
+
+/// `SampleStream` sessions kept per shard at most (one per batch drawn at
+/// the same time); more are closed when their exchange ends.
+const KEPT_SESSIONS: usize = 8;
+
+impl ClientCore {
+    /// A session with `shard`: a kept one (and `true`), else a new one.
+    pub(crate) async fn sample_session(&self, shard: usize) -> std::result::Result<(SampleSession, bool), CallError> {
+        let conn = &self.shards[shard];
+        let kept = conn.sessions.lock().pop();
+        match kept {
+            Some(session) => Ok((session, true)),
+            None => Ok((SampleSession::open(&conn.channel, &self.token).await?, false)),
+        }
+    }
+
+    /// Keeps `session` for the next batch if it ended its exchange in step.
+    pub(crate) fn keep_session(&self, shard: usize, session: SampleSession) {
+        if session.in_step() {
+            let mut kept = self.shards[shard].sessions.lock();
+            if kept.len() < KEPT_SESSIONS {
+                kept.push(session);
+            }
+        }
+    }
 }
 
 /// What the client knows of one shard.
@@ -243,7 +278,12 @@ impl AsyncClusterClient {
             let grpc = GrpcShardClient::with_interceptor(channel.clone(), attach.clone())
                 .max_decoding_message_size(config.max_message_bytes)
                 .max_encoding_message_size(config.max_message_bytes);
-            shards.push(ShardConn { grpc, channel });
+            shards.push(ShardConn {
+                grpc,
+                channel,
+                sessions: parking_lot::Mutex::new(Vec::new()),
+                calls_only: std::sync::atomic::AtomicBool::new(false),
+            });
         }
         let state = (0..shards.len()).map(|_| ShardState::default()).collect();
         let rng = Xoshiro256::seed_from_u64(config.seed);

@@ -193,6 +193,22 @@ impl<'a> ReplyDecoder<'a> {
         self.meta_bytes = 0;
     }
 
+    /// Bytes this decoder still takes before its message is whole: the
+    /// rest of the gRPC prefix, then of the message; 0 once it is whole (a
+    /// stream of messages gives it no more than this).
+    pub(crate) fn wanted(&self) -> usize {
+        if self.prefix_len < 5 {
+            5 - self.prefix_len
+        } else {
+            self.message_left
+        }
+    }
+
+    /// Whether no byte was fed since the decoder was made or restarted.
+    pub(crate) fn untouched(&self) -> bool {
+        self.prefix_len == 0
+    }
+
     /// Feeds the next bytes of the response body.
     pub(crate) fn feed(&mut self, mut data: &[u8]) -> Result<(), String> {
         while !data.is_empty() {

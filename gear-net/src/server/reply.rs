@@ -88,7 +88,8 @@ impl SamplerCache {
 pub struct SampleReplyOut(Out);
 
 enum Out {
-    Built(SampleReply),
+    // Boxed: a reply built already is the rare case (ranged draws).
+    Built(Box<SampleReply>),
     Pending(Box<PendingSample>),
 }
 
@@ -107,7 +108,7 @@ impl std::fmt::Debug for SampleReplyOut {
 
 impl From<SampleReply> for SampleReplyOut {
     fn from(reply: SampleReply) -> Self {
-        SampleReplyOut(Out::Built(reply))
+        SampleReplyOut(Out::Built(Box::new(reply)))
     }
 }
 
@@ -142,7 +143,7 @@ impl SampleReplyOut {
     /// look at or change its replies).
     pub fn into_reply(self) -> Result<SampleReply, Status> {
         match self.0 {
-            Out::Built(reply) => Ok(reply),
+            Out::Built(reply) => Ok(*reply),
             Out::Pending(pending) => pending.gather_into_vecs(),
         }
     }
@@ -151,7 +152,7 @@ impl SampleReplyOut {
 impl OutgoingMessage for SampleReplyOut {
     fn encode_to(self, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         match self.0 {
-            Out::Built(reply) => encode_sized(&reply, buf),
+            Out::Built(reply) => encode_sized(&*reply, buf),
             Out::Pending(pending) => pending.gather_into_encode_buffer(buf),
         }
     }
@@ -237,6 +238,7 @@ impl PendingSample {
             total_mass,
             min_mass,
             row_ranges: Vec::new(),
+            outcome: None,
         })
     }
 
@@ -334,6 +336,7 @@ mod tests {
                 total_mass: f64::MAX,
                 min_mass: f64::MAX,
                 row_ranges: Vec::new(),
+                outcome: None,
             };
             assert!(reply.encoded_len() <= other_fields_bound(rows), "{rows} rows: {}", reply.encoded_len());
         }

@@ -1,11 +1,12 @@
 //! The shard's methods served without tonic's codec, in front of the
-//! generated service: `Insert` (`insert_route.rs`: no decode buffer) and
-//! the `Sample` calls that let the shard send from table memory
-//! (`sample_route.rs`: no gather). [`HandRoutes`] checks their token as the
+//! generated service: `Insert` (`insert_route.rs`: no decode buffer), the
+//! `Sample` calls that let the shard send from table memory
+//! (`sample_route.rs`: no gather), and `SampleStream`, whose exchanges
+//! are `Sample` calls (`sample_stream.rs`). [`HandRoutes`] checks their token as the
 //! interceptor checks every other call's, then hands them to their module;
 //! every other call goes to the generated service unchanged.
 
-use super::{insert_route, sample_route, ShardService};
+use super::{insert_route, sample_route, sample_stream, ShardService};
 use crate::auth::TokenCheck;
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,8 +24,19 @@ const INSERT_PATH: &str = "/gear.v1.Shard/Insert";
 /// The `Sample` method's path.
 const SAMPLE_PATH: &str = "/gear.v1.Shard/Sample";
 
-/// `inner` (the generated service behind the token check), with `Insert`
-/// and `Sample` taken by this module's routes (module doc).
+/// The `SampleStream` method's path.
+const SAMPLE_STREAM_PATH: &str = "/gear.v1.Shard/SampleStream";
+
+/// The methods this module serves.
+#[derive(Clone, Copy)]
+enum Route {
+    Insert,
+    Sample,
+    SampleStream,
+}
+
+/// `inner` (the generated service behind the token check), with `Insert`,
+/// `Sample` and `SampleStream` taken by this module's routes (module doc).
 #[derive(Clone)]
 pub(crate) struct HandRoutes<S> {
     inner: S,
@@ -34,7 +46,7 @@ pub(crate) struct HandRoutes<S> {
 }
 
 impl<S> HandRoutes<S> {
-    /// Routes `Insert` and `Sample` calls for `service` (checked against
+    /// Routes `Insert`, `Sample` and `SampleStream` calls for `service` (checked against
     /// `token`, messages of at most `max_message_bytes`) and every other
     /// call to `inner`.
     pub(crate) fn new(inner: S, service: Arc<ShardService>, token: TokenCheck, max_message_bytes: usize) -> Self {
@@ -60,9 +72,10 @@ where
     }
 
     fn call(&mut self, request: http::Request<BoxBody>) -> Self::Future {
-        let insert = match request.uri().path() {
-            INSERT_PATH => true,
-            SAMPLE_PATH => false,
+        let route = match request.uri().path() {
+            INSERT_PATH => Route::Insert,
+            SAMPLE_PATH => Route::Sample,
+            SAMPLE_STREAM_PATH => Route::SampleStream,
             _ => return Box::pin(self.inner.call(request)),
         };
         let (service, token, max) = (self.service.clone(), self.token.clone(), self.max_message_bytes);
@@ -74,10 +87,10 @@ where
             if let Err(status) = token.check(parts.headers.get(http::header::AUTHORIZATION).map(|v| v.as_bytes())) {
                 return Ok(status.into_http());
             }
-            Ok(if insert {
-                insert_route::serve(&service, body, max).await
-            } else {
-                sample_route::serve(&service, inner, parts, body, max).await
+            Ok(match route {
+                Route::Insert => insert_route::serve(&service, body, max).await,
+                Route::Sample => sample_route::serve(&service, inner, parts, body, max).await,
+                Route::SampleStream => sample_stream::serve(service, inner, parts, body, max),
             })
         })
     }

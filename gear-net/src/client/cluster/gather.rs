@@ -1,21 +1,22 @@
 //! The shard-gather draw: each shard gathers its rows' windows and sends
 //! them in its reply, decoded straight into the caller's buffers.
 
-use super::sample::{as_uninit, global_probability, refuses_the_request, sample_request};
+use super::sample::{as_uninit, fill_sample_request, global_probability, refuses_the_request};
 use super::{deadline_status, share_of, status, ClientCore};
-use crate::channel::ShardChannel;
 use crate::client::assemble::{Assembly, Block, ColumnBase};
-use crate::client::call::{self, CallError};
+use crate::client::call::CallError;
+use crate::client::concurrent::run_all;
 use crate::client::masses::ShardMasses;
+use crate::client::session::{SampleSession, ShardLink};
 use crate::client::weights::WeightNorm;
 use crate::client::wire::{ReplyDecoder, ReplyMeta};
 use crate::client::{BatchRows, ClusterSample, LostShard};
 use crate::error::{Error, Result};
 use crate::proto::SampleRequest;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::mem::MaybeUninit;
+use std::sync::atomic::Ordering;
 use tokio::time::Instant;
-use tonic::codegen::http::HeaderValue;
+use tonic::Code;
 
 /// What one block of a cross-shard draw asked, for the rows it brings.
 #[derive(Clone, Copy, Debug, Default)]
@@ -37,6 +38,10 @@ pub(super) struct SampleScratch {
     /// Per block (by tag): what it asked, and its reply's fields.
     asks: Vec<BlockAsk>,
     metas: Vec<ReplyMeta>,
+    /// Per block (by tag): its request, filled in place.
+    requests: Vec<SampleRequest>,
+    /// The blocks' calls as they end: tag and outcome.
+    outcomes: Vec<(usize, std::result::Result<(), CallError>)>,
     counts: Vec<u64>,
     /// The blocks of a round that ended, and whether each came whole.
     settled: Vec<(usize, bool)>,
@@ -80,7 +85,8 @@ impl ClientCore {
         self.check_request(&spec, request, &mut scratch.row_bytes)?;
         let info_deadline = share_of(deadline, 1, 4);
         self.shard_masses(&mut scratch.masses, &mut out.lost, &mut out.rejoined, info_deadline).await?;
-        let SampleScratch { row_bytes, bases, blocks, asks, metas, counts, settled, masses } = scratch;
+        let SampleScratch { row_bytes, bases, blocks, asks, metas, requests, outcomes, counts, settled, masses } =
+            scratch;
         let ShardMasses { masses, mins, deterministic } = masses;
         let deterministic = *deterministic;
         let stocked = masses.iter().filter(|&&m| m > 0.0).count() + deterministic;
@@ -136,57 +142,36 @@ impl ClientCore {
             if metas.len() < asks.len() {
                 metas.resize_with(asks.len(), ReplyMeta::default);
             }
+            if requests.len() < asks.len() {
+                requests.resize_with(asks.len(), SampleRequest::default);
+            }
             // Three quarters of the time left: a shard cut off at its
             // deadline leaves time to draw its rows from the others.
             let round_deadline = share_of(deadline, 3, 4);
             let window = round_deadline.saturating_duration_since(Instant::now());
-            let mut calls = FuturesUnordered::new();
-            for ((tag, rows_mut), meta) in assembly.targets().zip(metas[first_tag..].iter_mut()) {
-                let ask = asks[tag];
-                let table = &self.config.table;
-                let mut req = sample_request(table, request, ask.rows, round_deadline, self.incarnation_of(ask.shard));
-                req.send_from_table = true;
-                let max_message_bytes = self.config.max_message_bytes;
-                let mut decoder = ReplyDecoder::new(rows_mut, meta, max_message_bytes);
-                let channel = &self.shards[ask.shard].channel;
-                let token = &self.token;
-                calls.push(async move {
-                    // The shard may send the rows from its table's memory;
-                    // if writers reused a row's slot meanwhile, the rows
-                    // are asked for again, gathered (and so checked) by
-                    // the shard before it sends them.
-                    let call = async {
-                        let outcome = match call::sample(channel, token, &req, &mut decoder).await {
-                            // Only some rows were overwritten: those are
-                            // drawn again, the rest stand.
-                            Err(CallError::Overwritten { rows, .. })
-                                if !rows.is_empty() && rows.len() < ask.rows as usize =>
-                            {
-                                redraw_rows(channel, token, &req, &mut decoder, &rows, max_message_bytes).await
-                            }
-                            Err(CallError::Overwritten { .. }) => Ok(false),
-                            Ok(()) => Ok(true),
-                            Err(e) => Err(e),
-                        };
-                        match outcome {
-                            Ok(false) => {
-                                req.send_from_table = false;
-                                decoder.restart();
-                                call::sample(channel, token, &req, &mut decoder).await
-                            }
-                            Ok(true) => Ok(()),
-                            Err(e) => Err(e),
+            let max_message_bytes = self.config.max_message_bytes;
+            let calls =
+                assembly.targets().zip(metas[first_tag..].iter_mut()).zip(requests[first_tag..].iter_mut()).map(
+                    |(((tag, rows_mut), meta), req)| {
+                        let ask = asks[tag];
+                        let incarnation = self.incarnation_of(ask.shard);
+                        fill_sample_request(req, &self.config.table, request, ask.rows, round_deadline, incarnation);
+                        req.send_from_table = true;
+                        let decoder = ReplyDecoder::new(rows_mut, meta, max_message_bytes);
+                        let draw = self.draw_block(ask.shard, req, decoder);
+                        async move {
+                            let outcome = match tokio::time::timeout_at(round_deadline, draw).await {
+                                Ok(r) => r,
+                                Err(_) => Err(CallError::Status(deadline_status(window))),
+                            };
+                            (tag, outcome)
                         }
-                    };
-                    let outcome = match tokio::time::timeout_at(round_deadline, call).await {
-                        Ok(r) => r,
-                        Err(_) => Err(CallError::Status(deadline_status(window))),
-                    };
-                    (tag, outcome)
-                });
-            }
+                    },
+                );
+            outcomes.clear();
+            run_all(calls, outcomes).await;
             settled.clear();
-            while let Some((tag, outcome)) = calls.next().await {
+            for (tag, outcome) in outcomes.drain(..) {
                 let ask = asks[tag];
                 let s = ask.shard;
                 let failure = match outcome {
@@ -209,7 +194,6 @@ impl ClientCore {
                 masses[s] = 0.0;
                 settled.push((tag, false));
             }
-            drop(calls);
             // The replies that came whole (their fields are free to read
             // now that the calls are over).
             for &(tag, done) in settled.iter() {
@@ -264,6 +248,79 @@ impl ClientCore {
         Ok(())
     }
 
+    /// One block's draw from `shard` with `req` (which allows a reply sent
+    /// from table memory), decoded by `decoder`, on a `SampleStream`
+    /// session. If writers reused a row's slot while the shard sent it,
+    /// the rows overwritten are drawn again, gathered (and so checked) by
+    /// the shard before it sends them, or the whole block when the shard
+    /// did not list them.
+    async fn draw_block(
+        &self,
+        shard: usize,
+        req: &mut SampleRequest,
+        mut decoder: ReplyDecoder<'_>,
+    ) -> std::result::Result<(), CallError> {
+        let (mut link, kept) = self.shard_link(shard).await?;
+        let mut outcome = link.sample(req, &mut decoder).await;
+        // A kept session whose stream ended while it was kept (its
+        // connection broke, or the shard stopped and restarted) fails
+        // before the shard answered: once more, on a new session.
+        if let ShardLink::Session(session) = &link {
+            let broken_while_kept =
+                kept && !session.in_step() && decoder.untouched() && matches!(&outcome, Err(CallError::Status(_)));
+            if broken_while_kept {
+                link = ShardLink::Session(SampleSession::open(&self.shards[shard].channel, &self.token).await?);
+                outcome = link.sample(req, &mut decoder).await;
+            }
+        }
+        let max_message_bytes = self.config.max_message_bytes;
+        let outcome = match outcome {
+            // Only some rows were overwritten: those are drawn again, the
+            // rest stand.
+            Err(CallError::Overwritten { rows, .. }) if !rows.is_empty() && rows.len() < req.rows as usize => {
+                // Boxed: rare, and its future (a second reply's decoder
+                // and buffers) would double every block's.
+                Box::pin(redraw_rows(&mut link, req, &mut decoder, &rows, max_message_bytes)).await
+            }
+            Err(CallError::Overwritten { .. }) => Ok(false),
+            Ok(()) => Ok(true),
+            Err(e) => Err(e),
+        };
+        let outcome = match outcome {
+            Ok(false) => {
+                req.send_from_table = false;
+                decoder.restart();
+                link.sample(req, &mut decoder).await
+            }
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let ShardLink::Session(session) = link {
+            self.keep_session(shard, session);
+        }
+        outcome
+    }
+
+    /// How a block's exchanges reach `shard`: a kept session (and `true`),
+    /// a new one, or `Sample` calls where the shard does not serve
+    /// `SampleStream` (a `Shard` service served without the shard
+    /// server's routes), which is remembered.
+    async fn shard_link(&self, shard: usize) -> std::result::Result<(ShardLink<'_>, bool), CallError> {
+        let conn = &self.shards[shard];
+        let calls = ShardLink::Calls { channel: &conn.channel, token: &self.token };
+        if conn.calls_only.load(Ordering::Relaxed) {
+            return Ok((calls, false));
+        }
+        match self.sample_session(shard).await {
+            Ok((session, kept)) => Ok((ShardLink::Session(session), kept)),
+            Err(CallError::Status(s)) if s.code() == Code::Unimplemented => {
+                conn.calls_only.store(true, Ordering::Relaxed);
+                Ok((calls, false))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// A decoded reply must come from the shard asked, its keys from the
     /// run it reports.
     fn check_meta(&self, shard: usize, meta: &ReplyMeta) -> Result<()> {
@@ -283,8 +340,7 @@ impl ClientCore {
 /// puts a fresh draw in place of a torn row. `Ok(false)`: the reply cannot
 /// stand in (the shard restarted meanwhile); ask for the whole block.
 async fn redraw_rows(
-    channel: &ShardChannel,
-    token: &HeaderValue,
+    link: &mut ShardLink<'_>,
     req: &SampleRequest,
     decoder: &mut ReplyDecoder<'_>,
     rows: &[usize],
@@ -297,17 +353,17 @@ async fn redraw_rows(
     let mut meta = ReplyMeta::default();
     {
         let mut views: Vec<&mut [u8]> = columns.iter_mut().map(|c| &mut c[..]).collect();
-        let mut uninit = as_uninit(&mut views);
+        let uninit = as_uninit(&mut views);
         let (mut bases, mut blocks) = (Vec::new(), Vec::new());
         let mut assembly =
-            Assembly::new(&mut uninit, &row_bytes, k, &mut bases, &mut blocks).map_err(CallError::Malformed)?;
+            Assembly::new(uninit, &row_bytes, k, &mut bases, &mut blocks).map_err(CallError::Malformed)?;
         assembly.add_block(0, k).map_err(CallError::Malformed)?;
         let Some((_, view)) = assembly.targets().next() else {
             return Err(CallError::Malformed("no block to draw the rows again into".into()));
         };
         let mut again = ReplyDecoder::new(view, &mut meta, max_message_bytes);
         let req = SampleRequest { rows: k as u64, send_from_table: false, ..req.clone() };
-        call::sample(channel, token, &req, &mut again).await?;
+        link.sample(&req, &mut again).await?;
     }
     decoder.replace_rows(rows, &columns, &meta).map_err(CallError::Malformed)
 }

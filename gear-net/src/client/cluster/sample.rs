@@ -27,26 +27,41 @@ pub(crate) fn sample_request(
     deadline: Instant,
     incarnation: Option<u64>,
 ) -> SampleRequest {
+    let mut req = SampleRequest::default();
+    fill_sample_request(&mut req, table, request, rows, deadline, incarnation);
+    req
+}
+
+/// Makes `req` the request [`sample_request`] makes, in place: its strings
+/// are copied into the buffers `req` has (a request kept from batch to
+/// batch allocates nothing).
+pub(crate) fn fill_sample_request(
+    req: &mut SampleRequest,
+    table: &str,
+    request: &ClusterSample,
+    rows: u64,
+    deadline: Instant,
+    incarnation: Option<u64>,
+) {
     let window = deadline.saturating_duration_since(Instant::now());
-    SampleRequest {
-        table: table.to_owned(),
-        rows,
-        window_offset: request.window.offset,
-        window_len: request.window.len,
-        pad: match request.window.pad {
-            Pad::Tail => proto::Pad::Tail as i32,
-            Pad::Head => proto::Pad::Head as i32,
-        },
-        columns: request.columns.clone(),
-        // The shard gives up waiting (for data, its rate limiter) a little
-        // before the call's deadline, so its answer still arrives.
-        timeout_ms: (window.as_millis() as u64).saturating_mul(3) / 4,
-        ranges: false,
-        incarnation: incarnation.unwrap_or(0),
-        data_plane_session: 0,
-        random_start: request.random_start,
-        send_from_table: false,
-    }
+    req.table.clear();
+    req.table.push_str(table);
+    req.rows = rows;
+    req.window_offset = request.window.offset;
+    req.window_len = request.window.len;
+    req.pad = match request.window.pad {
+        Pad::Tail => proto::Pad::Tail as i32,
+        Pad::Head => proto::Pad::Head as i32,
+    };
+    req.columns.clone_from(&request.columns);
+    // The shard gives up waiting (for data, its rate limiter) a little
+    // before the call's deadline, so its answer still arrives.
+    req.timeout_ms = (window.as_millis() as u64).saturating_mul(3) / 4;
+    req.ranges = false;
+    req.incarnation = incarnation.unwrap_or(0);
+    req.data_plane_session = 0;
+    req.random_start = request.random_start;
+    req.send_from_table = false;
 }
 
 /// A shard's reply must have one entry per row in every per-row field.
@@ -71,19 +86,15 @@ pub(crate) fn refuses_the_request(s: &tonic::Status) -> bool {
     matches!(s.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted)
 }
 
-/// Views of `u8` buffers as possibly uninitialised bytes, for the writers
-/// that take either.
-pub(crate) fn as_uninit<'a>(columns: &'a mut [&mut [u8]]) -> Vec<&'a mut [MaybeUninit<u8>]> {
-    columns
-        .iter_mut()
-        .map(|c| {
-            // SAFETY: `MaybeUninit<u8>` has `u8`'s size and alignment, the
-            // borrow carries over, and every writer here writes only
-            // initialised bytes (copies of received or read bytes), so the
-            // caller's buffers stay initialised.
-            unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<MaybeUninit<u8>>(), c.len()) }
-        })
-        .collect()
+/// `u8` buffers seen as possibly uninitialised bytes, for the writers
+/// that take either; a cast in place (a batch allocates nothing for it).
+pub(crate) fn as_uninit<'a, 'b>(columns: &'a mut [&'b mut [u8]]) -> &'a mut [&'b mut [MaybeUninit<u8>]] {
+    // SAFETY: `&mut [u8]` and `&mut [MaybeUninit<u8>]` have the same layout
+    // (`MaybeUninit<u8>` has `u8`'s size and alignment), and the borrows
+    // carry over. The buffers stay initialised: every writer here writes
+    // only initialised bytes (copies of received or read bytes) into them,
+    // and none puts another slice in `columns`' place.
+    unsafe { &mut *(columns as *mut [&'b mut [u8]] as *mut [&'b mut [MaybeUninit<u8>]]) }
 }
 
 impl AsyncClusterClient {
@@ -138,8 +149,7 @@ impl AsyncClusterClient {
         columns: &mut [&mut [u8]],
         rows: &mut BatchRows,
     ) -> Result<()> {
-        let mut views = as_uninit(columns);
-        self.sample_into_uninit(request, &mut views, rows).await
+        self.sample_into_uninit(request, as_uninit(columns), rows).await
     }
 
     /// [`AsyncClusterClient::sample_into`] into possibly uninitialised

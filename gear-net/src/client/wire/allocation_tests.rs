@@ -70,6 +70,7 @@ fn frames(s: u32, rows: usize, row_bytes: &[usize]) -> Vec<Vec<u8>> {
         total_mass: 4.0,
         min_mass: 1.0,
         row_ranges: Vec::new(),
+        outcome: None,
     };
     let body = reply.encode_to_vec();
     let mut framed = vec![0u8];

@@ -28,6 +28,7 @@ fn reply(rows: usize, row_bytes: &[usize], seed: u8) -> SampleReply {
         total_mass: 12.5,
         min_mass: 0.25,
         row_ranges: Vec::new(),
+        outcome: None,
     }
 }
 
