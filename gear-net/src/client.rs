@@ -45,7 +45,7 @@ use std::mem::MaybeUninit;
 use std::time::Duration;
 
 mod assemble;
-pub(crate) mod call;
+mod call;
 mod cluster;
 mod concurrent;
 mod insert;

@@ -15,24 +15,20 @@
 //! shard's headers are network input.
 
 use super::wire::ReplyDecoder;
-use crate::body::{grpc_message, ReadyFrames, OVERWRITTEN_ROWS, OVERWRITTEN_ROW_LIST};
+use crate::body::{
+    grpc_message, row_list, status_from_headers, ReadyFrames, INSERT_PATH, OVERWRITTEN_ROWS, OVERWRITTEN_ROW_LIST,
+    SAMPLE_PATH,
+};
 use crate::channel::ShardChannel;
 use crate::proto::{InsertChunk, InsertReply, SampleRequest};
-use base64::Engine;
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
 use tonic::body::BoxBody;
 use tonic::codegen::http::header::{AUTHORIZATION, CONTENT_TYPE, TE};
-use tonic::codegen::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri};
+use tonic::codegen::http::{HeaderValue, Method, Request, StatusCode, Uri};
 use tonic::{Code, Status};
-
-/// The `Sample` method's path.
-const SAMPLE_PATH: &str = "/gear.v1.Shard/Sample";
-
-/// The `Insert` method's path.
-const INSERT_PATH: &str = "/gear.v1.Shard/Insert";
 
 /// Column buffers at least this long go out as DATA frames of their own
 /// (no copy); shorter ones are copied in with the fields around them, where
@@ -108,19 +104,6 @@ async fn read_reply(mut body: BoxBody, mut on_data: impl FnMut(&Bytes) -> Result
             Some(s) => Err(s.into()),
             None => Err(CallError::Malformed("trailers without a grpc-status".into())),
         };
-    }
-}
-
-/// The rows an [`OVERWRITTEN_ROW_LIST`] trailer names, if it lists `count`
-/// distinct rows in ascending order; else none (the list is network input:
-/// a client that cannot use it asks for every row again).
-pub(crate) fn row_list(list: &[u8], count: u64) -> Vec<usize> {
-    let rows: Option<Vec<usize>> = std::str::from_utf8(list)
-        .ok()
-        .and_then(|l| l.split(',').map(|r| r.parse().ok()).collect::<Option<Vec<usize>>>());
-    match rows {
-        Some(rows) if rows.len() as u64 == count && rows.windows(2).all(|w| w[0] < w[1]) => rows,
-        _ => Vec::new(),
     }
 }
 
@@ -253,51 +236,11 @@ fn http_status(status: StatusCode) -> Status {
     Status::new(code, format!("HTTP status {} instead of a gRPC reply", status.as_u16()))
 }
 
-/// The status in `headers` (`grpc-status`, `grpc-message` and binary
-/// details in `grpc-status-details-bin`), if any. Details that are not
-/// base64 are left out.
-pub(crate) fn status_from_headers(headers: &HeaderMap) -> Option<Status> {
-    let code = Code::from_bytes(headers.get("grpc-status")?.as_bytes());
-    let message = headers.get("grpc-message").map(|m| percent_decoded(m.as_bytes())).unwrap_or_default();
-    let details = headers.get("grpc-status-details-bin").and_then(|d| DETAILS_BASE64.decode(d.as_bytes()).ok());
-    Some(match details {
-        Some(details) => Status::with_details(code, message, details.into()),
-        None => Status::new(code, message),
-    })
-}
-
-/// gRPC's binary headers: standard base64, padded or not.
-const DETAILS_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    base64::engine::GeneralPurposeConfig::new()
-        .with_encode_padding(false)
-        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
-);
-
-/// `grpc-message` is percent-encoded UTF-8; a malformed escape or invalid
-/// UTF-8 is kept as it came (lossily), never an error.
-fn percent_decoded(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(hi), Some(lo)) => {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
+    use tonic::codegen::http::HeaderMap;
 
     #[test]
     fn statuses_are_read_from_headers_without_trusting_them() {

@@ -73,8 +73,13 @@ impl ClientCore {
         let kept = conn.sessions.lock().pop();
         match kept {
             Some(session) => Ok((session, true)),
-            None => Ok((SampleSession::open(&conn.channel, &self.token).await?, false)),
+            None => Ok((self.open_session(shard).await?, false)),
         }
+    }
+
+    /// A new session with `shard`.
+    pub(crate) async fn open_session(&self, shard: usize) -> std::result::Result<SampleSession, CallError> {
+        SampleSession::open(&self.shards[shard].channel, &self.token).await
     }
 
     /// Keeps `session` for the next batch if it ended its exchange in step.

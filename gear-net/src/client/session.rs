@@ -18,22 +18,17 @@
 
 use super::call::{self, CallError};
 use super::wire::ReplyDecoder;
+use crate::body::{listed_rows, status_from_headers, QueuedFrames, SAMPLE_STREAM_PATH};
 use crate::channel::ShardChannel;
 use crate::proto::{SampleOutcome, SampleReply};
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::Frame;
 use prost::Message;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 use tonic::body::BoxBody;
 use tonic::codegen::http::HeaderValue;
-use tonic::codegen::Body;
 use tonic::{Code, Status};
-
-/// The `SampleStream` method's path.
-const SAMPLE_STREAM_PATH: &str = "/gear.v1.Shard/SampleStream";
 
 /// Largest outcome message read: a status message and the list of
 /// overwritten rows (a varint each).
@@ -42,7 +37,7 @@ const MAX_OUTCOME_BYTES: usize = 1 << 20;
 /// One open `SampleStream` (module doc).
 pub(crate) struct SampleSession {
     /// Request messages, to the stream's body.
-    requests: mpsc::Sender<Bytes>,
+    requests: mpsc::Sender<Result<Frame<Bytes>, Status>>,
     /// The stream's reply messages.
     replies: BoxBody,
     /// The encode buffer of requests: its bytes come back once h2 wrote a
@@ -60,7 +55,7 @@ impl SampleSession {
     /// `token`, once the shard's response headers say it goes on.
     pub(crate) async fn open(channel: &ShardChannel, token: &HeaderValue) -> Result<Self, CallError> {
         let (requests, queued) = mpsc::channel(1);
-        let replies = call::send(channel, token, SAMPLE_STREAM_PATH, tonic::body::boxed(Requests(queued))).await?;
+        let replies = call::send(channel, token, SAMPLE_STREAM_PATH, tonic::body::boxed(QueuedFrames(queued))).await?;
         Ok(SampleSession {
             requests,
             replies,
@@ -95,7 +90,7 @@ impl SampleSession {
         // The buffer was reserved for the whole message: encoding cannot fail.
         let _ = request.encode(&mut self.request_bytes);
         let message = self.request_bytes.split().freeze();
-        if self.requests.send(message).await.is_err() {
+        if self.requests.send(Ok(Frame::data(message))).await.is_err() {
             return Err(Status::unavailable("the sample stream's request side closed").into());
         }
         self.answer.start();
@@ -188,10 +183,11 @@ fn outcome_result(outcome: Option<SampleOutcome>, decoder: &ReplyDecoder<'_>) ->
     match Code::from_i32(outcome.code) {
         Code::Ok => decoder.finish().map_err(CallError::Malformed),
         _ if outcome.overwritten_rows > 0 => {
-            let rows: Vec<usize> = outcome.overwritten_row_list.iter().map(|&r| r as usize).collect();
-            let listed = rows.len() as u64 == outcome.overwritten_rows && rows.windows(2).all(|w| w[0] < w[1]);
-            let rows = if listed { rows } else { Vec::new() };
-            Err(CallError::Overwritten { count: outcome.overwritten_rows, rows })
+            let rows = outcome.overwritten_row_list.iter().map(|&r| r as usize).collect();
+            Err(CallError::Overwritten {
+                count: outcome.overwritten_rows,
+                rows: listed_rows(rows, outcome.overwritten_rows),
+            })
         }
         code => Err(Status::new(code, outcome.message).into()),
     }
@@ -222,23 +218,10 @@ impl ShardLink<'_> {
 
 /// What a stream that ended inside an exchange (its trailers) means.
 fn stream_end(frame: Frame<Bytes>) -> CallError {
-    match frame.into_trailers().ok().as_ref().and_then(call::status_from_headers) {
+    match frame.into_trailers().ok().as_ref().and_then(status_from_headers) {
         Some(s) if s.code() == Code::Ok => Status::unavailable("the sample stream ended inside an exchange").into(),
         Some(s) => s.into(),
         None => CallError::Malformed("the sample stream's trailers have no grpc-status".into()),
-    }
-}
-
-/// The stream's request body: the messages the session sends, as they
-/// come; ends when the session is dropped.
-struct Requests(mpsc::Receiver<Bytes>);
-
-impl Body for Requests {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        self.0.poll_recv(cx).map(|m| m.map(|m| Ok(Frame::data(m))))
     }
 }
 

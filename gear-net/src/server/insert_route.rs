@@ -70,8 +70,10 @@ fn reply_response(reply: &InsertReply) -> http::Response<BoxBody> {
     response
 }
 
-/// A request body's DATA frames as they arrived, decoded into insert
-/// chunks message by message (see the module doc).
+/// A request body's DATA frames as they arrived, taken message by
+/// message: decoded into insert chunks (see the module doc), or as the
+/// framed bytes of each message (`SampleStream`'s requests,
+/// `sample_stream.rs`).
 pub(crate) struct Frames {
     body: BoxBody,
     frames: VecDeque<Bytes>,
@@ -115,21 +117,26 @@ impl Frames {
         Some(out)
     }
 
-    /// The next whole message's chunk, if all of it is buffered.
-    fn take_message(&mut self) -> Result<Option<InsertChunk>, Status> {
+    /// The length of the next message if all of it is buffered; a
+    /// compressed one or one above the limit is refused as tonic refuses
+    /// it.
+    fn whole_message_len(&self) -> Result<Option<usize>, Status> {
         let Some([flag, a, b, c, d]) = self.peek::<5>() else { return Ok(None) };
         let len = u32::from_be_bytes([a, b, c, d]) as usize;
         if flag != 0 {
             return Err(Status::unimplemented(format!(
-                "insert chunk compressed (gRPC flag {flag}): this server takes uncompressed messages only"
+                "a compressed message (gRPC flag {flag}): this server takes uncompressed messages only"
             )));
         }
         if len > self.max_message_bytes {
             return Err(message_too_large(len, self.max_message_bytes));
         }
-        if self.buffered < 5 + len {
-            return Ok(None);
-        }
+        Ok((self.buffered >= 5 + len).then_some(len))
+    }
+
+    /// The next whole message's chunk, if all of it is buffered.
+    fn take_chunk(&mut self) -> Result<Option<InsertChunk>, Status> {
+        let Some(len) = self.whole_message_len()? else { return Ok(None) };
         let mut message = MessageBytes { frames: &mut self.frames, remaining: 5 + len };
         message.advance(5);
         let chunk = InsertChunk::decode(&mut message).map_err(|e| Status::internal(e.to_string()));
@@ -140,18 +147,31 @@ impl Frames {
         self.buffered -= 5 + len;
         chunk.map(Some)
     }
-}
 
-impl ChunkSource for Frames {
-    async fn next_chunk(&mut self) -> Result<Option<InsertChunk>, Status> {
+    /// The next whole message as it came, its 5-byte gRPC prefix included
+    /// (a slice of its frame when one frame holds it), if all of it is
+    /// buffered.
+    fn take_framed(&mut self) -> Result<Option<Bytes>, Status> {
+        let Some(len) = self.whole_message_len()? else { return Ok(None) };
+        let framed = MessageBytes { frames: &mut self.frames, remaining: 5 + len }.copy_to_bytes(5 + len);
+        self.buffered -= 5 + len;
+        Ok(Some(framed))
+    }
+
+    /// The next message as `take` makes it, reading frames until it is
+    /// whole; `None` once the body ended between messages.
+    async fn next_with<T>(
+        &mut self,
+        take: impl Fn(&mut Self) -> Result<Option<T>, Status>,
+    ) -> Result<Option<T>, Status> {
         loop {
-            if let Some(chunk) = self.take_message()? {
-                return Ok(Some(chunk));
+            if let Some(message) = take(self)? {
+                return Ok(Some(message));
             }
             if self.ended {
                 return match self.buffered {
                     0 => Ok(None),
-                    n => Err(Status::internal(format!("the insert stream ended inside a message ({n} bytes of it)"))),
+                    n => Err(Status::internal(format!("the request stream ended inside a message ({n} bytes of it)"))),
                 };
             }
             let frame = self.body.frame().await;
@@ -166,6 +186,19 @@ impl ChunkSource for Frames {
                 }
             }
         }
+    }
+
+    /// The next message, framed (see [`Frames::take_framed`]); `None` once
+    /// the body ended between messages. Cancel safe: a frame read is kept
+    /// for the next call.
+    pub(crate) async fn next_framed(&mut self) -> Result<Option<Bytes>, Status> {
+        self.next_with(Self::take_framed).await
+    }
+}
+
+impl ChunkSource for Frames {
+    async fn next_chunk(&mut self) -> Result<Option<InsertChunk>, Status> {
+        self.next_with(Self::take_chunk).await
     }
 }
 

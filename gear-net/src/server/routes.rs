@@ -8,6 +8,7 @@
 
 use super::{insert_route, sample_route, sample_stream, ShardService};
 use crate::auth::TokenCheck;
+use crate::body::{INSERT_PATH, SAMPLE_PATH, SAMPLE_STREAM_PATH};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -17,15 +18,6 @@ use tonic::body::BoxBody;
 use tonic::codegen::http;
 use tonic::codegen::Service;
 use tonic::server::NamedService;
-
-/// The `Insert` method's path.
-const INSERT_PATH: &str = "/gear.v1.Shard/Insert";
-
-/// The `Sample` method's path.
-const SAMPLE_PATH: &str = "/gear.v1.Shard/Sample";
-
-/// The `SampleStream` method's path.
-const SAMPLE_STREAM_PATH: &str = "/gear.v1.Shard/SampleStream";
 
 /// The methods this module serves.
 #[derive(Clone, Copy)]

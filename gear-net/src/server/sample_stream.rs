@@ -21,29 +21,26 @@
 //! The stream ends with OK when the client ends its side; `UNAVAILABLE`
 //! between exchanges once the server stops (a client keeps its sessions
 //! open between batches, and a graceful shutdown waits for every open
-//! stream); with the status when a request cannot be read (not one uncompressed message, or longer
-//! than the limit), and `INTERNAL` if a call's response breaks the framing
-//! (never expected: the routes' replies are one message each).
+//! stream); with the status when a request cannot be read (read as the
+//! `Insert` route reads its messages, `insert_route::Frames`: compressed,
+//! above the limit, cut inside a message), and `INTERNAL` if a call's
+//! response breaks the framing (never expected: the routes' replies are
+//! one message each).
 
+use super::insert_route::Frames;
 use super::{sample_route, ShardService};
-use crate::body::{OVERWRITTEN_ROWS, OVERWRITTEN_ROW_LIST};
-use crate::client::call::{row_list, status_from_headers};
+use crate::body::{row_list, status_from_headers, QueuedFrames, OVERWRITTEN_ROWS, OVERWRITTEN_ROW_LIST, SAMPLE_PATH};
 use crate::proto::{SampleOutcome, SampleReply};
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Frame;
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 use tonic::body::BoxBody;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use tonic::codegen::{Body, Service};
+use tonic::codegen::Service;
 use tonic::Status;
-
-/// The `Sample` method's path, which each exchange is served as.
-const SAMPLE_PATH: &str = "/gear.v1.Shard/Sample";
 
 /// Frames queued between the exchanges' task and the stream's body.
 const QUEUED_FRAMES: usize = 16;
@@ -90,11 +87,11 @@ async fn exchanges<S>(
 where
     S: Service<http::Request<BoxBody>, Response = http::Response<BoxBody>, Error = Infallible> + Clone,
 {
-    let mut requests = Requests { body, buffered: BytesMut::new(), max_message_bytes };
+    let mut requests = Frames::new(body, max_message_bytes);
     let mut stopping = service.stopping.subscribe();
     loop {
         let request = tokio::select! {
-            request = requests.next() => request?,
+            request = requests.next_framed() => request?,
             // The server is stopping (or gone): a stream kept open between
             // batches would hold its graceful shutdown forever.
             _ = stopping.wait_for(|&stop| stop) => return Ok(Status::unavailable("the shard server is stopping")),
@@ -213,62 +210,5 @@ impl MessageLength {
 
     fn whole(&self) -> bool {
         self.seen >= 5 && self.seen == 5 + self.length()
-    }
-}
-
-/// The stream's request messages, each with its 5-byte gRPC prefix.
-struct Requests {
-    body: BoxBody,
-    buffered: BytesMut,
-    max_message_bytes: usize,
-}
-
-impl Requests {
-    /// The next request; `None` once the client ended its side between
-    /// messages.
-    async fn next(&mut self) -> Result<Option<Bytes>, Status> {
-        loop {
-            if self.buffered.len() >= 5 {
-                let b = &self.buffered;
-                if b[0] != 0 {
-                    return Err(Status::internal(format!("a SampleStream request with gRPC flag {}", b[0])));
-                }
-                let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
-                if len > self.max_message_bytes {
-                    return Err(crate::body::message_too_large(len, self.max_message_bytes));
-                }
-                if self.buffered.len() >= 5 + len {
-                    return Ok(Some(self.buffered.split_to(5 + len).freeze()));
-                }
-            }
-            let Some(frame) = self.body.frame().await else {
-                return match self.buffered.len() {
-                    0 => Ok(None),
-                    n => Err(Status::internal(format!("the SampleStream requests ended {n} bytes into a message"))),
-                };
-            };
-            if let Ok(mut data) = frame?.into_data() {
-                self.buffered.reserve(data.remaining());
-                while data.has_remaining() {
-                    let chunk = data.chunk();
-                    self.buffered.extend_from_slice(chunk);
-                    let n = chunk.len();
-                    data.advance(n);
-                }
-            }
-        }
-    }
-}
-
-/// A body of the frames the exchanges' task queues; ends when the task
-/// has sent its trailers and dropped its sender.
-struct QueuedFrames(mpsc::Receiver<Result<Frame<Bytes>, Status>>);
-
-impl Body for QueuedFrames {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        self.0.poll_recv(cx)
     }
 }

@@ -7,7 +7,7 @@ use crate::client::assemble::{Assembly, Block, ColumnBase};
 use crate::client::call::CallError;
 use crate::client::concurrent::run_all;
 use crate::client::masses::ShardMasses;
-use crate::client::session::{SampleSession, ShardLink};
+use crate::client::session::ShardLink;
 use crate::client::weights::WeightNorm;
 use crate::client::wire::{ReplyDecoder, ReplyMeta};
 use crate::client::{BatchRows, ClusterSample, LostShard};
@@ -269,7 +269,7 @@ impl ClientCore {
             let broken_while_kept =
                 kept && !session.in_step() && decoder.untouched() && matches!(&outcome, Err(CallError::Status(_)));
             if broken_while_kept {
-                link = ShardLink::Session(SampleSession::open(&self.shards[shard].channel, &self.token).await?);
+                link = ShardLink::Session(self.open_session(shard).await?);
                 outcome = link.sample(req, &mut decoder).await;
             }
         }
